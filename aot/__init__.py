@@ -1,0 +1,66 @@
+"""aot: ahead-of-time compiler for PyTorch models with runtime fallback to ATen.
+
+The pipeline, one stage per module::
+
+    import_model   (aot.importer)        nn.Module -> ImportedProgram
+    partition      (aot.lower.partition) -> PartitionedProgram (placements, kernel calls)
+    compile_program(aot.lower.compile)   -> CompiledArtifact (.vmfb + manifest)
+    CompiledModule (aot.runtime)         load + run, kernel calls via aot.fallback
+
+``compile()`` chains them; ``load()`` and ``report()`` need only the runtime.
+"""
+
+from __future__ import annotations
+
+from .errors import (AotError, ArtifactError, CompileFailed, ExportFailed, InputMismatch,
+                     InternalError, KernelCallFailed, UnsupportedOp)
+from .runtime.module import CompiledModule, load
+from .torch_tensor import QuantParams, TorchTensor
+
+__all__ = [
+    "compile", "load", "report", "CompiledModule", "TorchTensor", "QuantParams",
+    "AotError", "ArtifactError", "CompileFailed", "ExportFailed", "InputMismatch",
+    "InternalError", "KernelCallFailed", "UnsupportedOp",
+]
+__version__ = "0.1.0"
+
+
+def compile(model, args=(), *, example_kwargs=None, target: str = "cpu", fallback: str = "auto",
+            fallback_ops=(), strict: bool = False, extra_flags=()) -> CompiledModule:
+    """Compile ``model`` for ``target`` and load it, ready to call.
+
+    Args:
+        model: an ``nn.Module`` (in ``eval()`` mode).
+        args: example positional inputs (a tensor or a tuple).
+        example_kwargs: example keyword inputs.
+        target: ``"cpu"`` (IREE llvm-cpu) or ``"cuda"``.
+        fallback: ``"auto"`` (ops IREE cannot lower run in ATen), ``"all"``
+            (every op runs in ATen: bit-exact with eager), ``"none"`` (fail,
+            listing every op IREE cannot lower).
+        fallback_ops: ops forced to ATen, e.g. ``["aten.layer_norm"]``.
+        strict: use ``torch.export``'s strict mode.
+        extra_flags: extra ``iree-compile`` flags appended to the target profile.
+    Returns:
+        CompiledModule: call it like the model; ``.save(path)``, ``.report()``.
+    Raises:
+        ExportFailed, UnsupportedOp, CompileFailed: see ``aot.errors``.
+    """
+    from .importer import ImportOptions, import_model
+    from .lower.compile import compile_program
+    from .lower.partition import partition
+    from .lower.placement import PlacementPolicy
+    from .lower.targets import get_target
+
+    policy = PlacementPolicy.make(fallback, fallback_ops)
+    tgt = get_target(target, tuple(extra_flags))
+    imported = import_model(model, args, example_kwargs, ImportOptions(strict=strict))
+    return CompiledModule(compile_program(partition(imported, tgt, policy)))
+
+
+def report(module_or_path) -> str:
+    """The placement report of a CompiledModule or an artifact file."""
+    if isinstance(module_or_path, CompiledModule):
+        return module_or_path.report()
+    from .artifact import load_artifact
+    from .report import format_report
+    return format_report(load_artifact(module_or_path).manifest)

@@ -1,0 +1,1 @@
+"""Kernel calls: their recorded specs, the static-operand contract and the ATen executor."""

@@ -1,0 +1,100 @@
+"""The host module that runs kernel calls with ATen.
+
+``make_host_module`` builds an ``iree.runtime.PyModuleInterface`` named
+``aot_kernels`` with one function per KernelCallSpec. Each function receives
+IREE buffer views, sees them as torch tensors through DLPack (no copy), calls
+the recorded ``torch.ops`` overload with the recorded static operands, and
+hands the results back the same way. Results are made dense (compiled code
+holds row-major buffers) and never alias an operand (IREE may reuse operand
+memory once the call returns).
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+
+import torch
+import iree.runtime as rt
+
+from ..errors import ArtifactError, KernelCallFailed
+from ..runtime.device import buffer_view_to_torch, torch_to_buffer_view
+from .spec import KernelCallSpec, resolve_op
+
+__all__ = ["HostModule", "make_host_module", "HOST_MODULE"]
+log = logging.getLogger(__name__)
+HOST_MODULE = "aot_kernels"  # must match aot.lower.outline.HOST_MODULE
+
+
+@dataclass
+class HostModule:
+    """The VmModule plus the error slot that carries Python exceptions out of IREE."""
+
+    vm_module: "rt.VmModule"
+    interface: "rt.PyModuleInterface"
+    pending_error: BaseException | None = None
+    calls: int = field(default=0)
+
+    def take_error(self) -> BaseException | None:
+        err, self.pending_error = self.pending_error, None
+        return err
+
+
+def _storage_ptr(t: torch.Tensor) -> int:
+    return t.untyped_storage().data_ptr() if t.numel() else -1
+
+
+class _KernelCall:
+    """One host function: buffer views in, buffer views out."""
+
+    def __init__(self, spec: KernelCallSpec, device, driver: str, host: HostModule):
+        self.spec, self.device, self.driver, self.host = spec, device, driver, host
+        try:
+            self.op = resolve_op(spec.op, spec.overload)
+        except LookupError as e:
+            raise ArtifactError(f"kernel call {spec.key}: {e}", op=spec.qualified_name,
+                                location=spec.location) from None
+        self.torch_device = torch.device("cpu") if driver.startswith("local") else torch.device("cuda")
+
+    def __call__(self, *refs):
+        try:
+            return self._run(refs)
+        except BaseException as e:  # never let a Python error unwind through IREE
+            self.host.pending_error = e
+            raise
+
+    def _run(self, refs):
+        self.host.calls += 1
+        tensors = [buffer_view_to_torch(self.device, r.deref(rt.HalBufferView), self.driver)
+                   for r in refs]
+        args, kwargs = self.spec.bind(tensors, self.torch_device)
+        try:
+            out = self.op(*args, **kwargs)
+        except Exception as e:
+            raise KernelCallFailed(f"ATen raised {type(e).__name__}: {e}\n  in {self.spec!r}",
+                                   op=self.spec.qualified_name, location=self.spec.location) from e
+        outs = list(out) if isinstance(out, (tuple, list)) else [out]
+        in_ptrs = {_storage_ptr(t) for t in tensors}
+        refs_out = []
+        for i, (r, want) in enumerate(zip(outs, self.spec.results)):
+            if tuple(r.shape) != want.shape or r.dtype != want.torch_dtype:
+                raise KernelCallFailed(
+                    f"result {i} is {r.dtype}{list(r.shape)}, compiled for "
+                    f"{want.dtype}{list(want.shape)}", op=self.spec.qualified_name,
+                    location=self.spec.location)
+            if not r.is_contiguous() or _storage_ptr(r) in in_ptrs:
+                r = r.contiguous() if not r.is_contiguous() else r.clone()
+            refs_out.append(torch_to_buffer_view(self.device, r, f"{self.spec.key} result {i}").ref)
+        return refs_out[0] if len(refs_out) == 1 else tuple(refs_out)
+
+
+def make_host_module(specs: list[KernelCallSpec], device, driver: str) -> HostModule:
+    """Build the ``aot_kernels`` module for ``specs`` (ops resolved once, here)."""
+    iface = rt.PyModuleInterface(HOST_MODULE, lambda _iface: object())
+    host = HostModule(None, iface)  # type: ignore[arg-type]
+    for spec in specs:
+        fn = _KernelCall(spec, device, driver, host)
+        cconv = "0" + "r" * len(spec.inputs) + "_" + "r" * len(spec.results)
+        iface.export(spec.key, cconv, lambda _self, *refs, _fn=fn: _fn(*refs))
+    host.vm_module = iface.create()
+    return host

@@ -1,0 +1,147 @@
+"""KernelCallSpec: one ATen kernel call site, as recorded at compile time.
+
+Made by the partitioner (``aot.lower.partition``) by walking the op's
+``FunctionSchema``; stored in the artifact manifest; read by the fallback
+executor to rebuild the exact call. Tensor operands arrive at run time as
+buffers; every other operand is a :class:`StaticArg` whose value was recorded
+(see ``static_values`` for the contract), never guessed.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from ..torch_tensor import TorchTensor
+from . import static_values
+
+__all__ = ["TensorArg", "TensorListArg", "StaticArg", "KernelCallSpec", "resolve_op"]
+
+
+@dataclass(frozen=True)
+class TensorArg:
+    """A tensor operand: the ``index``-th tensor passed to the host function."""
+
+    name: str
+    index: int
+    spec: TorchTensor
+    kwarg_only: bool = False
+
+
+@dataclass(frozen=True)
+class TensorListArg:
+    """A ``Tensor[]`` / ``Tensor?[]`` operand: host-function tensors by index (None kept)."""
+
+    name: str
+    indices: tuple[int | None, ...]
+    kwarg_only: bool = False
+
+
+@dataclass(frozen=True)
+class StaticArg:
+    """A non-tensor operand recorded at compile time (value encoded per the contract)."""
+
+    name: str
+    schema_type: str
+    value: Any
+    kwarg_only: bool = False
+
+
+Operand = TensorArg | TensorListArg | StaticArg
+
+
+@dataclass(frozen=True)
+class KernelCallSpec:
+    """One kernel call: ``op`` (``aten::layer_norm``), ``overload``, operands, results.
+
+    ``key`` is the host function name (``call_3``), stable within an artifact.
+    ``results`` describe every tensor the op returns, as ATen returns it.
+    """
+
+    key: str
+    op: str
+    overload: str
+    operands: tuple[Operand, ...]
+    results: tuple[TorchTensor, ...]
+    location: str | None
+    reason: str
+    inputs: tuple[TorchTensor, ...]
+
+    @property
+    def qualified_name(self) -> str:
+        return f"{self.op.replace('::', '.')}.{self.overload}"
+
+    def __repr__(self) -> str:
+        parts = []
+        for o in self.operands:
+            if isinstance(o, TensorArg):
+                text = f"%{o.index}: {o.spec.short()}"
+            elif isinstance(o, TensorListArg):
+                text = "[" + ", ".join("None" if i is None else f"%{i}" for i in o.indices) + "]"
+            else:
+                text = repr(static_values.decode(o.value))
+            parts.append(f"{o.name}={text}" if o.kwarg_only else text)
+        res = ", ".join(r.short() for r in self.results)
+        loc = f"  # {self.location}" if self.location else ""
+        return f"{self.key}: {self.qualified_name}({', '.join(parts)}) -> ({res}){loc}"
+
+    def bind(self, tensors: list[torch.Tensor], device: torch.device | None = None):
+        """Rebuild ``(args, kwargs)`` for the ATen call from the host tensors."""
+        args, kwargs = [], {}
+        for o in self.operands:
+            if isinstance(o, TensorArg):
+                v = tensors[o.index]
+            elif isinstance(o, TensorListArg):
+                v = [None if i is None else tensors[i] for i in o.indices]
+            else:
+                v = static_values.decode(o.value, device=device)
+            if o.kwarg_only:
+                kwargs[o.name] = v
+            else:
+                args.append(v)
+        return args, kwargs
+
+    def to_json(self) -> dict[str, Any]:
+        ops = []
+        for o in self.operands:
+            if isinstance(o, TensorArg):
+                ops.append({"kind": "tensor", "name": o.name, "index": o.index,
+                            "kwarg_only": o.kwarg_only})
+            elif isinstance(o, TensorListArg):
+                ops.append({"kind": "tensor_list", "name": o.name, "indices": list(o.indices),
+                            "kwarg_only": o.kwarg_only})
+            else:
+                ops.append({"kind": "static", "name": o.name, "type": o.schema_type,
+                            "value": o.value, "kwarg_only": o.kwarg_only})
+        return {"key": self.key, "op": self.op, "overload": self.overload, "operands": ops,
+                "inputs": [t.to_json() for t in self.inputs],
+                "results": [r.to_json() for r in self.results],
+                "location": self.location, "reason": self.reason}
+
+    @staticmethod
+    def from_json(d: dict[str, Any]) -> "KernelCallSpec":
+        inputs = tuple(TorchTensor.from_json(t) for t in d["inputs"])
+        operands: list[Operand] = []
+        for o in d["operands"]:
+            if o["kind"] == "tensor":
+                operands.append(TensorArg(o["name"], o["index"], inputs[o["index"]], o["kwarg_only"]))
+            elif o["kind"] == "tensor_list":
+                operands.append(TensorListArg(o["name"], tuple(o["indices"]), o["kwarg_only"]))
+            else:
+                operands.append(StaticArg(o["name"], o["type"], o["value"], o["kwarg_only"]))
+        return KernelCallSpec(d["key"], d["op"], d["overload"], tuple(operands),
+                              tuple(TorchTensor.from_json(r) for r in d["results"]),
+                              d.get("location"), d.get("reason", ""), inputs)
+
+
+def resolve_op(op: str, overload: str):
+    """``("aten::add", "Tensor")`` -> ``torch.ops.aten.add.Tensor``, or raise LookupError."""
+    ns, name = op.split("::", 1)
+    try:
+        packet = getattr(getattr(torch.ops, ns), name)
+        return getattr(packet, overload)
+    except (AttributeError, RuntimeError) as e:
+        raise LookupError(f"op {ns}::{name}.{overload} is not registered in this process; "
+                          f"import the library that defines it before loading") from e

@@ -1,0 +1,88 @@
+"""The non-tensor operand contract: how static values are written and read.
+
+Every non-tensor operand of a kernel call is recorded at compile time as JSON,
+tagged where JSON alone would be ambiguous:
+
+=================  ===========================================
+Python value       JSON
+=================  ===========================================
+int, bool, str     itself
+float              itself; ``{"float": "inf"|"-inf"|"nan"}``
+None               ``null``
+list / tuple       ``{"list": [...]}`` / ``{"tuple": [...]}``
+torch.dtype        ``{"dtype": "float32"}``
+torch.device       ``{"device": "cpu"}`` (re-targeted at load)
+torch.memory_format ``{"memory_format": "channels_last"}``
+torch.layout       ``{"layout": "strided"}``
+=================  ===========================================
+
+Anything else (a Python object, a tensor subclass, a callable) cannot be
+represented; :func:`encode` raises ``TypeError`` and the partitioner turns that
+into ``UnsupportedOp`` naming the op and the source line.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+
+__all__ = ["encode", "decode"]
+
+_MEMORY_FORMATS = {
+    "contiguous_format": torch.contiguous_format, "channels_last": torch.channels_last,
+    "channels_last_3d": torch.channels_last_3d, "preserve_format": torch.preserve_format,
+}
+_LAYOUTS = {"strided": torch.strided, "sparse_coo": torch.sparse_coo}
+
+
+def _name_of(table: dict[str, Any], value: Any) -> str:
+    for k, v in table.items():
+        if v == value:
+            return k
+    raise TypeError(f"unsupported value {value!r}")
+
+
+def encode(value: Any) -> Any:
+    """Encode one static value; raises TypeError for what cannot be represented."""
+    if value is None or isinstance(value, (bool, int, str)):
+        return value
+    if isinstance(value, float):
+        return value if math.isfinite(value) else {"float": repr(value)}
+    if isinstance(value, (list, tuple)):
+        # FX hands us immutable_list/immutable_dict subclasses: tag by base type.
+        return {"tuple" if isinstance(value, tuple) else "list": [encode(v) for v in value]}
+    if isinstance(value, torch.dtype):
+        from ..torch_tensor import dtype_name
+        return {"dtype": dtype_name(value)}
+    if isinstance(value, torch.device):
+        return {"device": str(value)}
+    if isinstance(value, torch.memory_format):
+        return {"memory_format": _name_of(_MEMORY_FORMATS, value)}
+    if isinstance(value, torch.layout):
+        return {"layout": _name_of(_LAYOUTS, value)}
+    raise TypeError(f"cannot record a static value of type {type(value).__name__}: {value!r}")
+
+
+def decode(data: Any, *, device: torch.device | None = None) -> Any:
+    """Inverse of :func:`encode`; ``device`` re-targets recorded devices."""
+    if not isinstance(data, dict):
+        return data
+    (tag, v), = data.items()
+    if tag == "list":
+        return [decode(x, device=device) for x in v]
+    if tag == "tuple":
+        return tuple(decode(x, device=device) for x in v)
+    if tag == "float":
+        return float(v)
+    if tag == "dtype":
+        from ..torch_tensor import dtype_from_name
+        return dtype_from_name(v)
+    if tag == "device":
+        return device if device is not None else torch.device(v)
+    if tag == "memory_format":
+        return _MEMORY_FORMATS[v]
+    if tag == "layout":
+        return _LAYOUTS[v]
+    raise ValueError(f"unknown static value tag {tag!r}")

@@ -1,0 +1,1 @@
+"""Compile side: partition (placement + outlining) and IREE compilation."""

@@ -1,0 +1,168 @@
+"""Coverage by measurement: does IREE lower this op, for this target?
+
+Each distinct op signature (op, operand dtypes/shapes, static operands) is
+probe-compiled once as a one-op function, and the verdict is cached on disk
+keyed by IREE version, target and flags. Unknown signatures are first compiled
+together in one module (one compiler run when all lower, the common case);
+only when that fails is each compiled alone to find the culprits.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import threading
+from dataclasses import dataclass
+
+import torch
+import torch.fx
+from torch.fx.node import map_aggregate
+
+from ..importer.fx_import import import_graph
+from .iree_compile import first_error, try_compile
+from .targets import Target
+
+__all__ = ["Verdict", "CoverageCache", "op_signature", "probe_nodes"]
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Verdict:
+    covered: bool
+    reason: str = ""
+
+
+def _describe(a) -> str:
+    if isinstance(a, torch.fx.Node):
+        a = a.meta.get("val")
+    if isinstance(a, torch.Tensor):
+        return f"{str(a.dtype).replace('torch.', '')}{list(a.shape)}"
+    if isinstance(a, (list, tuple)):
+        return "[" + ",".join(_describe(x) for x in a) + "]"
+    return repr(a)
+
+
+def op_signature(node: torch.fx.Node) -> str:
+    """``aten.add.Tensor(float32[1, 3], 1)``: what a verdict is keyed by."""
+    parts = [_describe(a) for a in node.args]
+    parts += [f"{k}={_describe(v)}" for k, v in node.kwargs.items()]
+    return f"{node.target}({', '.join(parts)})"
+
+
+class CoverageCache:
+    """Verdicts on disk (``$AOT_CACHE_DIR`` or ``~/.cache/aot``), one JSON file per version."""
+
+    _lock = threading.Lock()
+
+    def __init__(self, target: Target, directory: str | None = None):
+        import iree.compiler.version as v
+        directory = directory or os.environ.get("AOT_CACHE_DIR") or os.path.join(
+            os.path.expanduser("~"), ".cache", "aot")
+        flags = hashlib.sha256(" ".join(target.flags).encode()).hexdigest()[:12]
+        ver = getattr(v, "VERSION", getattr(v, "PACKAGE_SUFFIX", "unknown"))
+        self.path = os.path.join(directory, f"coverage-{ver}-{target.name}-{flags}.json")
+        self._data: dict[str, dict] = {}
+        try:
+            with open(self.path) as f:
+                self._data = json.load(f)
+        except (OSError, ValueError):
+            self._data = {}
+
+    def get(self, sig: str) -> Verdict | None:
+        d = self._data.get(sig)
+        return Verdict(d["covered"], d.get("reason", "")) if d else None
+
+    def put_all(self, verdicts: dict[str, Verdict]) -> None:
+        self._data.update({k: {"covered": v.covered, "reason": v.reason} for k, v in verdicts.items()})
+        try:
+            os.makedirs(os.path.dirname(self.path), exist_ok=True)
+            tmp = f"{self.path}.{os.getpid()}.tmp"
+            with self._lock, open(tmp, "w") as f:
+                json.dump(self._data, f, indent=0, sort_keys=True)
+            os.replace(tmp, self.path)
+        except OSError as e:  # a read-only home must not stop compilation
+            log.warning("could not write coverage cache %s: %s", self.path, e)
+
+
+def _probe_graph(node: torch.fx.Node) -> torch.fx.Graph:
+    g = torch.fx.Graph()
+
+    def operand(a):
+        if not isinstance(a, torch.fx.Node):
+            return a
+        val = a.meta.get("val")
+        if isinstance(val, torch.Tensor):
+            p = g.placeholder(f"arg{len(g.nodes)}")
+            p.meta["val"] = val
+            return p
+        return val
+
+    args = map_aggregate(node.args, operand)
+    kwargs = map_aggregate(node.kwargs, operand)
+    new = g.call_function(node.target, args, kwargs)
+    new.meta = dict(node.meta)
+    val = node.meta.get("val")
+    if isinstance(val, (tuple, list)):
+        outs = []
+        for i, v in enumerate(val):
+            if isinstance(v, torch.Tensor):
+                gi = g.call_function(__import__("operator").getitem, (new, i))
+                gi.meta["val"] = v
+                outs.append(gi)
+        g.output(tuple(outs))
+    else:
+        g.output(new)
+    return g
+
+
+def _compile_probes(nodes: dict[str, torch.fx.Node], target: Target) -> str:
+    """Compile the one-op functions of ``nodes`` together; '' on success."""
+    module = None
+    try:
+        for i, node in enumerate(nodes.values()):
+            module = import_graph(_probe_graph(node), func_name=f"probe{i}", module=module)
+    except Exception as e:  # the importer rejecting an op is a verdict too
+        return f"FX importer: {type(e).__name__}: {e}"
+    _, diag = try_compile(str(module), target)
+    return diag
+
+
+def _bisect(todo: dict[str, torch.fx.Node], target: Target, out: dict[str, Verdict]) -> None:
+    """Compile ``todo`` together; on failure split in halves until the culprits are alone."""
+    diag = _compile_probes(todo, target)
+    if not diag:
+        out.update({s: Verdict(True) for s in todo})
+    elif len(todo) == 1:
+        out.update({s: Verdict(False, _reason(diag)) for s in todo})
+    else:
+        items = list(todo.items())
+        half = len(items) // 2
+        _bisect(dict(items[:half]), target, out)
+        _bisect(dict(items[half:]), target, out)
+
+
+def _reason(diag: str) -> str:
+    err = first_error(diag)
+    if "torch.operator" in err and "illegal" in err:
+        return "IREE's torch lowering does not know this op (left as torch.operator)"
+    err = err.split(": %")[0].split(" loc(")[0]
+    return err if len(err) < 200 else err[:197] + "..."
+
+
+def probe_nodes(nodes: list[torch.fx.Node], target: Target,
+                cache: CoverageCache) -> dict[str, Verdict]:
+    """Verdict per signature for ``nodes`` (cached ones are not compiled again)."""
+    sigs: dict[str, torch.fx.Node] = {}
+    for n in nodes:
+        sigs.setdefault(op_signature(n), n)
+    verdicts = {s: cache.get(s) for s in sigs}
+    todo = {s: n for s, n in sigs.items() if verdicts[s] is None}
+    if todo:
+        log.info("probing %d op signatures for %s", len(todo), target.name)
+        fresh: dict[str, Verdict] = {}
+        _bisect(todo, target, fresh)
+        cache.put_all(fresh)
+        verdicts.update(fresh)
+    return verdicts  # type: ignore[return-value]

@@ -1,0 +1,66 @@
+"""The one place that calls ``iree.compiler``: text in, vmfb or diagnostics out."""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import tempfile
+import time
+
+from iree.compiler import CompilerToolError, compile_str
+
+from ..errors import CompileFailed
+from .targets import Target
+
+__all__ = ["compile_mlir", "try_compile", "first_error"]
+log = logging.getLogger(__name__)
+
+
+def try_compile(asm: str, target: Target) -> tuple[bytes | None, str]:
+    """Compile; return ``(vmfb, "")`` or ``(None, diagnostics)``."""
+    try:
+        return _compile(asm, target), ""
+    except CompilerToolError as e:
+        return None, str(e)
+
+
+def _compile(asm: str, target: Target) -> bytes:
+    return compile_str(asm, target_backends=[target.backend], input_type="torch",
+                       extra_args=list(target.flags))
+
+
+def compile_mlir(asm: str, target: Target, *, what: str = "model") -> bytes:
+    """Compile a whole module; on failure raise CompileFailed with a repro.
+
+    The input IR is written to a fresh dump folder (never a fixed /tmp name) and
+    the message gives the one-line ``iree-compile`` command that reproduces it.
+    """
+    t0 = time.perf_counter()
+    vmfb, diag = try_compile(asm, target)
+    if vmfb is not None:
+        log.info("compiled %s for %s in %.1fs", what, target.name, time.perf_counter() - t0)
+        return vmfb
+    dump = tempfile.mkdtemp(prefix="aot-compile-failure-")
+    path = os.path.join(dump, f"{what}.torch.mlir")
+    with open(path, "w") as f:
+        f.write(asm)
+    flags = " ".join(target.flags)
+    raise CompileFailed(
+        f"IREE could not compile {what} for {target.name}: {first_error(diag)}\n"
+        f"input IR: {path}\nrepro: iree-compile --iree-input-type=torch "
+        f"--iree-hal-target-backends={target.backend} {flags} {path} -o /dev/null\n"
+        f"full diagnostics:\n{_tail(diag)}")
+
+
+_ERR = re.compile(r"error: (.*)")
+
+
+def first_error(diag: str) -> str:
+    """The first ``error:`` line of IREE's diagnostics, without its location."""
+    m = _ERR.search(diag)
+    return m.group(1).strip() if m else (diag.strip().splitlines() or ["unknown error"])[0]
+
+
+def _tail(diag: str, lines: int = 40) -> str:
+    return "\n".join(diag.strip().splitlines()[:lines])

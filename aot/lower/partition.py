@@ -1,0 +1,235 @@
+"""partition: ImportedProgram -> PartitionedProgram.
+
+Second link of the chain. Measures coverage (``coverage``), decomposes ops IREE
+cannot lower when a decomposition exists, places every op (``placement``),
+records a KernelCallSpec per fallen-back op by walking its FunctionSchema, and
+builds the outlined Torch-dialect module that ``compile_program`` compiles.
+"""
+
+from __future__ import annotations
+
+import logging
+import operator
+from dataclasses import dataclass
+
+import torch
+import torch.fx
+
+from ..errors import UnsupportedOp
+from ..fallback import static_values
+from ..fallback.spec import KernelCallSpec, StaticArg, TensorArg, TensorListArg
+from ..importer.decompositions import decomposition_for
+from ..importer.fx_import import DROP, import_graph, stateless_graph
+from ..importer.locations import node_location
+from ..importer.program import ImportedProgram
+from ..torch_tensor import TorchTensor
+from .coverage import CoverageCache, Verdict, op_signature, probe_nodes
+from .flops import node_flops
+from .kernel_call_op import kernel_call_op
+from .outline import outline_kernel_calls
+from .placement import COMPILED, KERNEL_CALL, Placement, PlacementPolicy, matches_forced, op_name
+from .targets import Target
+
+__all__ = ["PartitionedProgram", "partition", "torch_mlir"]
+log = logging.getLogger(__name__)
+_MAX_DECOMPOSITION_ROUNDS = 4
+
+
+@dataclass(frozen=True)
+class PartitionedProgram:
+    """Made by :func:`partition`, read by ``aot.lower.compile.compile_program``.
+
+    ``mlir`` is the outlined Torch-dialect module as text (kernel calls are
+    ``func.call``s of ``aot_kernels.*`` imports); ``placements`` has one row per
+    op, in graph order; ``kernel_calls[i].key`` names the i-th host function.
+    """
+
+    imported: ImportedProgram
+    target: Target
+    policy: PlacementPolicy
+    placements: tuple[Placement, ...]
+    kernel_calls: tuple[KernelCallSpec, ...]
+    mlir: str
+
+    def __post_init__(self):
+        keys = [k.key for k in self.kernel_calls]
+        assert len(set(keys)) == len(keys), "kernel call keys must be unique"
+        assert sum(p.where == KERNEL_CALL for p in self.placements) == len(keys)
+
+
+def _is_assert(n: torch.fx.Node) -> bool:
+    """Metadata checks export leaves in (``_assert_tensor_metadata``): no value, no users."""
+    return n.meta.get("val") is None and not n.users
+
+
+def _op_nodes(ep) -> list[torch.fx.Node]:
+    return [n for n in ep.graph.nodes if n.op == "call_function"
+            and n.target is not operator.getitem and not _is_assert(n)]
+
+
+def torch_mlir(imported: ImportedProgram) -> str:
+    """The Torch-dialect module of the whole program, before partitioning."""
+    return str(import_graph(stateless_graph(imported.exported)))
+
+
+def partition(imported: ImportedProgram, target: Target,
+              policy: PlacementPolicy = PlacementPolicy(),
+              cache: CoverageCache | None = None) -> PartitionedProgram:
+    """Place every op and outline the kernel calls.
+
+    Args:
+        imported: from ``import_model``.
+        target: the compile target (coverage is measured per target).
+        policy: fallback policy and forced ops.
+        cache: coverage verdict cache (default: on disk, per IREE version).
+    Returns:
+        PartitionedProgram.
+    Raises:
+        UnsupportedOp: ``fallback="none"`` and some op is not covered (all are
+            listed with their source lines), or an op's operands cannot be
+            recorded for a kernel call.
+    """
+    ep = imported.exported
+    verdicts: dict[str, Verdict] = {}
+    if policy.fallback != "all":
+        cache = cache or CoverageCache(target)
+        ep, verdicts = _decompose_uncovered(ep, target, policy, cache)
+    placements, decided = _place(ep, policy, verdicts)
+    if policy.fallback == "none":
+        bad = [p for p in placements if p.where == KERNEL_CALL]
+        if bad:
+            lines = "\n".join(f"  {p.op} at {p.location or '<unknown>'}: {p.reason}" for p in bad)
+            raise UnsupportedOp(f"fallback='none' but {len(bad)} op(s) are not covered by IREE "
+                                f"for {target.name}:\n{lines}")
+    specs: list[KernelCallSpec] = []
+    graph = stateless_graph(ep, lambda n, g, env: _rewrite(n, g, env, decided, specs))
+    module = outline_kernel_calls(import_graph(graph), specs)
+    keys = iter(s.key for s in specs)
+    placements = tuple(
+        Placement(p.node, p.op, p.where, p.reason, p.location, p.flops,
+                  next(keys) if p.where == KERNEL_CALL else None) for p in placements)
+    return PartitionedProgram(imported, target, policy, placements, tuple(specs), str(module))
+
+
+def _decompose_uncovered(ep, target, policy, cache):
+    """Probe; decompose uncovered ops that have a decomposition; repeat to a fixpoint."""
+    tried: set = set()
+    for _ in range(_MAX_DECOMPOSITION_ROUNDS):
+        nodes = [n for n in _op_nodes(ep) if not matches_forced(n.target, policy.fallback_ops)]
+        verdicts = probe_nodes(nodes, target, cache)
+        table = {}
+        for n in nodes:
+            if not verdicts[op_signature(n)].covered and n.target not in tried:
+                fn = decomposition_for(n.target)
+                if fn is not None:
+                    table[n.target] = fn
+        if not table:
+            return ep, verdicts
+        tried.update(table)
+        try:
+            log.info("decomposing ops IREE does not lower: %s", sorted(map(op_name, table)))
+            ep = ep.run_decompositions(table)
+        except Exception as e:  # a decomposition torch cannot apply: keep the op as a kernel call
+            log.info("decomposition failed (%s); keeping those ops as kernel calls", e)
+            return ep, verdicts
+    return ep, probe_nodes(_op_nodes(ep), target, cache)
+
+
+def _place(ep, policy: PlacementPolicy, verdicts: dict[str, Verdict]):
+    placements, decided = [], {}
+    for n in _op_nodes(ep):
+        name = op_name(n.target)
+        if policy.fallback == "all":
+            where, why = KERNEL_CALL, "fallback='all'"
+        elif matches_forced(n.target, policy.fallback_ops):
+            where, why = KERNEL_CALL, "forced by fallback_ops"
+        else:
+            v = verdicts[op_signature(n)]
+            where, why = (COMPILED, "lowered by IREE") if v.covered else (KERNEL_CALL, v.reason)
+        decided[n] = (where, why)
+        placements.append(Placement(n.name, name, where, why, node_location(n), node_flops(n)))
+    return placements, decided
+
+
+def _rewrite(node, g: torch.fx.Graph, env: dict, decided: dict, specs: list):
+    if node.op == "call_function" and _is_assert(node):
+        return DROP  # checked by the runtime's input specs instead
+    where, reason = decided.get(node, (COMPILED, ""))
+    if where != KERNEL_CALL:
+        return None
+    spec, operands = _kernel_call_spec(node, env, f"call_{len(specs)}", reason)
+    new = g.call_function(kernel_call_op(len(operands), len(spec.results)),
+                          (*operands, len(specs)))
+    new.meta = dict(node.meta)
+    val = node.meta.get("val")
+    if isinstance(val, list):
+        new.meta["val"] = tuple(val)
+    specs.append(spec)
+    return new
+
+
+def _tensor_val(a):
+    if isinstance(a, torch.fx.Node):
+        v = a.meta.get("val")
+        return v if isinstance(v, torch.Tensor) else None
+    return a if isinstance(a, torch.Tensor) else None
+
+
+def _kernel_call_spec(node, env, key, reason):
+    """Walk the op's schema with its defaults: tensors become operands, the rest StaticArgs."""
+    target = node.target
+    name, loc = op_name(target), node_location(node)
+    if not isinstance(target, torch._ops.OpOverload):
+        raise UnsupportedOp(f"{target} is not an ATen/library op and cannot be a kernel call",
+                            op=name, location=loc)
+    schema = target._schema
+    operands, inputs, recorded = [], [], []
+
+    def add_tensor(a):
+        val = _tensor_val(a)
+        operands.append(env[a] if isinstance(a, torch.fx.Node) else a)
+        inputs.append(TorchTensor.from_tensor(val).dense())
+        return len(operands) - 1
+
+    for i, arg in enumerate(schema.arguments):
+        if i < len(node.args):
+            value = node.args[i]
+        elif arg.name in node.kwargs:
+            value = node.kwargs[arg.name]
+        elif arg.has_default_value():
+            value = arg.default_value
+        else:
+            raise UnsupportedOp(f"missing operand {arg.name!r}", op=name, location=loc)
+        kw = arg.kwarg_only
+        if _tensor_val(value) is not None:
+            idx = add_tensor(value)
+            recorded.append(TensorArg(arg.name, idx, inputs[idx], kw))
+        elif isinstance(value, (list, tuple)) and any(_tensor_val(v) is not None for v in value):
+            recorded.append(TensorListArg(arg.name, tuple(
+                None if v is None else add_tensor(v) for v in value), kw))
+        elif isinstance(value, torch.fx.Node) or _has_node(value):
+            raise UnsupportedOp(f"operand {arg.name!r} is only known at run time "
+                                f"({type(value).__name__}); runtime scalar operands of kernel "
+                                "calls are not supported", op=name, location=loc)
+        else:
+            try:
+                recorded.append(StaticArg(arg.name, str(arg.type), static_values.encode(value), kw))
+            except TypeError as e:
+                raise UnsupportedOp(f"operand {arg.name!r}: {e}", op=name, location=loc) from None
+    results = _result_specs(node, name, loc)
+    spec = KernelCallSpec(key, schema.name, target._overloadname, tuple(recorded), results,
+                          loc, reason, tuple(inputs))
+    return spec, operands
+
+
+def _has_node(value) -> bool:
+    return isinstance(value, (list, tuple)) and any(isinstance(v, torch.fx.Node) for v in value)
+
+
+def _result_specs(node, name, loc) -> tuple[TorchTensor, ...]:
+    val = node.meta.get("val")
+    vals = list(val) if isinstance(val, (list, tuple)) else [val]
+    if not vals or not all(isinstance(v, torch.Tensor) for v in vals):
+        raise UnsupportedOp("only ops returning tensors can be kernel calls "
+                            f"(this one returns {type(val).__name__})", op=name, location=loc)
+    return tuple(TorchTensor.from_tensor(v) for v in vals)

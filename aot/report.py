@@ -1,0 +1,59 @@
+"""report: what was compiled, what fell back to ATen, and why (from a manifest)."""
+
+from __future__ import annotations
+
+from collections import Counter, defaultdict
+
+__all__ = ["format_report", "placement_summary"]
+
+
+def placement_summary(manifest: dict) -> dict:
+    """Totals: ops and FLOPs compiled vs fallen back, kernel calls per op."""
+    rows = manifest["placements"]
+    comp = [r for r in rows if r["where"] == "compiled"]
+    fall = [r for r in rows if r["where"] != "compiled"]
+    return {
+        "ops_compiled": len(comp), "ops_fallback": len(fall),
+        "flops_compiled": sum(r["flops"] or 0 for r in comp),
+        "flops_fallback": sum(r["flops"] or 0 for r in fall),
+        "kernel_calls": len(manifest["kernel_calls"]),
+        "compiled_ops": dict(Counter(r["op"] for r in comp)),
+        "fallback_ops": dict(Counter(r["op"] for r in fall)),
+    }
+
+
+def _gflops(n: int) -> str:
+    return f"{n / 1e9:.3f} GFLOP"
+
+
+def format_report(manifest: dict) -> str:
+    """Human-readable report of one artifact's placements."""
+    s = placement_summary(manifest)
+    total = s["ops_compiled"] + s["ops_fallback"]
+    pol = manifest.get("policy", {})
+    lines = [
+        f"model {manifest['name']}  target {manifest['target']}  fallback={pol.get('fallback')!r}"
+        + (f"  fallback_ops={pol.get('fallback_ops')}" if pol.get("fallback_ops") else ""),
+        f"ops: {total} total, {s['ops_compiled']} compiled by IREE, "
+        f"{s['ops_fallback']} kernel calls into ATen",
+    ]
+    if s["flops_compiled"] or s["flops_fallback"]:
+        lines.append(f"FLOPs (where known): {_gflops(s['flops_compiled'])} compiled, "
+                     f"{_gflops(s['flops_fallback'])} in ATen")
+    if s["ops_fallback"]:
+        lines.append("")
+        lines.append("kernel calls (op, count, reason, source locations):")
+        groups: dict[tuple[str, str], list] = defaultdict(list)
+        for r in manifest["placements"]:
+            if r["where"] != "compiled":
+                groups[(r["op"], r["reason"])].append(r["location"] or "<unknown>")
+        for (op, reason), locs in sorted(groups.items()):
+            uniq = sorted(set(locs))
+            shown = ", ".join(uniq[:4]) + (f", … (+{len(uniq) - 4})" if len(uniq) > 4 else "")
+            lines.append(f"  {op:48s} x{len(locs):<3d} {reason}")
+            lines.append(f"  {'':48s}      at {shown}")
+    if s["compiled_ops"]:
+        lines.append("")
+        lines.append("compiled ops: " + ", ".join(f"{op} x{n}" for op, n in
+                                                 sorted(s["compiled_ops"].items())))
+    return "\n".join(lines)

@@ -1,0 +1,171 @@
+"""CompiledModule: load an artifact on a device and call it like the eager model.
+
+Torch tensors in, torch tensors out, same pytree as eager. Inputs are checked
+against the manifest's TorchTensors (count, structure, shape, dtype, memory
+format, device, baked non-tensor values) before anything runs.
+"""
+
+from __future__ import annotations
+
+import atexit
+import logging
+import weakref
+
+import torch
+import torch.utils._pytree as pytree
+import iree.runtime as rt
+
+from ..artifact import CompiledArtifact, load_artifact
+from ..errors import AotError, ArtifactError, InputMismatch, KernelCallFailed
+from ..fallback import static_values
+from ..fallback.executor import make_host_module
+from ..fallback.spec import KernelCallSpec
+from ..torch_tensor import TorchTensor
+from .device import buffer_view_to_torch, get_device, torch_to_buffer_view
+
+__all__ = ["CompiledModule", "load"]
+log = logging.getLogger(__name__)
+_live: "weakref.WeakSet[CompiledModule]" = weakref.WeakSet()
+
+
+class CompiledModule:
+    """A loaded artifact, callable like the model it came from.
+
+    Args:
+        artifact: a CompiledArtifact (from ``aot.compile`` or ``aot.load``).
+    Raises:
+        ArtifactError: the artifact's device cannot be opened, or a kernel
+            call's op is not registered in this process.
+    """
+
+    def __init__(self, artifact: CompiledArtifact):
+        self.artifact = artifact
+        m = artifact.manifest
+        self.driver: str = m["driver"]
+        self.inputs = [TorchTensor.from_json(i) if "dtype" in i else ("static", i["static"])
+                       for i in m["inputs"]]
+        self.input_names = m.get("input_names") or [f"input {i}" for i in range(len(self.inputs))]
+        self.outputs = [TorchTensor.from_json(o) for o in m["outputs"]]
+        self.in_spec = pytree.treespec_loads(m["in_spec"])
+        self.out_spec = pytree.treespec_loads(m["out_spec"])
+        self.kernel_calls = [KernelCallSpec.from_json(k) for k in m["kernel_calls"]]
+        self.torch_device = torch.device("cpu") if self.driver.startswith("local") else torch.device("cuda")
+        self._open()
+        _live.add(self)
+
+    def _open(self) -> None:
+        self.device = get_device(self.driver)
+        self.instance = rt.VmInstance()
+        self.host = make_host_module(self.kernel_calls, self.device, self.driver)
+        hal = rt.create_hal_module(self.instance, self.device)
+        try:
+            main = rt.VmModule.copy_buffer(self.instance, self.artifact.vmfb)
+            self.context = rt.VmContext(self.instance, [hal, self.host.vm_module, main])
+        except RuntimeError as e:
+            raise ArtifactError(f"IREE could not load the module: {e}") from e
+        self.main = main.lookup_function("main")
+
+    @property
+    def manifest(self) -> dict:
+        return self.artifact.manifest
+
+    @property
+    def kernel_call_count(self) -> int:
+        """Kernel calls made by this module so far (one per crossing into ATen)."""
+        return self.host.calls
+
+    def save(self, path: str) -> None:
+        """Write the artifact to one file, loadable by :func:`load`."""
+        self.artifact.save(path)
+
+    def report(self) -> str:
+        """What was compiled, what fell back to ATen, and why."""
+        from ..report import format_report
+        return format_report(self.manifest)
+
+    def __call__(self, *args, **kwargs):
+        flat, spec = pytree.tree_flatten((args, kwargs))
+        if spec != self.in_spec:
+            raise InputMismatch(self._structure_error(args, kwargs, flat))
+        arg_list = rt.VmVariantList(len(flat))
+        keep = []
+        for leaf, want, name in zip(flat, self.inputs, self.input_names):
+            if isinstance(want, TorchTensor):
+                want.check(leaf, name)
+                if leaf.device.type != self.torch_device.type:
+                    raise InputMismatch(f"{name}: expected a tensor on {self.torch_device.type} "
+                                        f"(module compiled for {self.manifest['target']}), got "
+                                        f"one on {leaf.device}")
+                dense = leaf.contiguous()  # a copy only for a non-row-major spec (recorded)
+                keep.append(dense)
+                arg_list.push_ref(torch_to_buffer_view(self.device, dense, name).ref)
+            else:
+                expected = static_values.decode(want[1])
+                if leaf != expected:
+                    raise InputMismatch(f"{name}: the model was compiled with the value "
+                                        f"{expected!r} here, got {leaf!r}; recompile to change it")
+        results = rt.VmVariantList(len(self.outputs))
+        self._invoke(arg_list, results)
+        outs = [self._output(results, i, o) for i, o in enumerate(self.outputs)]
+        return pytree.tree_unflatten(outs, self.out_spec)
+
+    def _invoke(self, arg_list, results) -> None:
+        try:
+            self.context.invoke(self.main, arg_list, results)
+        except RuntimeError as e:
+            err = self.host.take_error()
+            if isinstance(err, AotError):
+                raise err
+            if err is not None:
+                raise KernelCallFailed(f"{type(err).__name__}: {err}") from err
+            raise AotError(f"IREE runtime error: {e}", stage="run") from e
+
+    def _output(self, results, i: int, spec: TorchTensor) -> torch.Tensor:
+        bv = results.get_as_object(i, rt.HalBufferView)
+        t = buffer_view_to_torch(self.device, bv, self.driver)
+        if spec.is_contiguous:
+            return t
+        # Give back the layout eager returns (e.g. channels-last or a transpose).
+        out = torch.empty_strided(spec.shape, spec.strides, dtype=t.dtype, device=t.device)
+        return out.copy_(t)
+
+    def _structure_error(self, args, kwargs, flat) -> str:
+        want_args, want_kwargs = pytree.tree_unflatten(list(range(len(self.inputs))), self.in_spec)
+        if len(args) != len(want_args) or set(kwargs) != set(want_kwargs):
+            return (f"expected {len(want_args)} positional input(s) and keyword input(s) "
+                    f"{sorted(want_kwargs) or 'none'}, got {len(args)} positional and "
+                    f"{sorted(kwargs) or 'none'}")
+        return (f"input structure differs from the example inputs: expected {len(self.inputs)} "
+                f"leaves ({self.in_spec}), got {len(flat)}")
+
+    def close(self) -> None:
+        """Release IREE objects now (also done at interpreter exit)."""
+        for attr in ("context", "main", "host", "instance", "device"):
+            self.__dict__.pop(attr, None)
+
+    def __repr__(self) -> str:
+        m = self.manifest
+        return (f"<CompiledModule {m['name']} target={m['target']} "
+                f"kernel_calls={len(self.kernel_calls)}>")
+
+
+def load(path: str) -> CompiledModule:
+    """Load an artifact written by ``CompiledModule.save`` / ``aot compile``.
+
+    Needs ``iree-base-runtime`` and torch only (never ``iree.compiler``).
+
+    Raises:
+        ArtifactError: missing, corrupt, truncated or incompatible file.
+    """
+    return CompiledModule(load_artifact(path))
+
+
+@atexit.register
+def _release_all() -> None:
+    # IREE's bindings warn about live objects at interpreter exit; release ours first.
+    import gc
+    for m in list(_live):
+        m.close()
+    from . import device
+    device._devices.clear()
+    gc.collect()
