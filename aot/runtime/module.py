@@ -84,9 +84,12 @@ class CompiledModule:
         return format_report(self.manifest)
 
     def __call__(self, *args, **kwargs):
-        flat, spec = pytree.tree_flatten((args, kwargs))
-        if spec != self.in_spec:
-            raise InputMismatch(self._structure_error(args, kwargs, flat))
+        try:
+            # Leaves at the example's leaf positions: a list where a tensor was
+            # expected stays one leaf, so the error can name it.
+            flat = self.in_spec.flatten_up_to((args, kwargs))
+        except (ValueError, TypeError, KeyError):
+            raise InputMismatch(self._structure_error(args, kwargs)) from None
         arg_list = rt.VmVariantList(len(flat))
         keep = []
         for leaf, want, name in zip(flat, self.inputs, self.input_names):
@@ -129,14 +132,13 @@ class CompiledModule:
         out = torch.empty_strided(spec.shape, spec.strides, dtype=t.dtype, device=t.device)
         return out.copy_(t)
 
-    def _structure_error(self, args, kwargs, flat) -> str:
+    def _structure_error(self, args, kwargs) -> str:
         want_args, want_kwargs = pytree.tree_unflatten(list(range(len(self.inputs))), self.in_spec)
         if len(args) != len(want_args) or set(kwargs) != set(want_kwargs):
             return (f"expected {len(want_args)} positional input(s) and keyword input(s) "
                     f"{sorted(want_kwargs) or 'none'}, got {len(args)} positional and "
                     f"{sorted(kwargs) or 'none'}")
-        return (f"input structure differs from the example inputs: expected {len(self.inputs)} "
-                f"leaves ({self.in_spec}), got {len(flat)}")
+        return (f"input structure differs from the example inputs: expected {self.in_spec}")
 
     def close(self) -> None:
         """Release IREE objects now (also done at interpreter exit)."""
@@ -169,3 +171,11 @@ def _release_all() -> None:
     from . import device
     device._devices.clear()
     gc.collect()
+    # Output tensors the user still holds keep IREE buffers alive (zero-copy);
+    # that is not a leak, so silence nanobind's exit-time report of them.
+    disable = getattr(getattr(rt, "_binding", None), "disable_leak_checker", None)
+    if disable is None:
+        from iree._runtime_libs import _runtime
+        disable = getattr(_runtime, "disable_leak_checker", None)
+    if disable is not None:
+        disable()

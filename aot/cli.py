@@ -1,0 +1,232 @@
+"""The ``aot`` command: compile, run, report, demo.
+
+    aot compile PATH_OR_MODULE:FACTORY --input-shape 1,3,224,224 -o m.aot
+    aot run m.aot
+    aot report m.aot
+    aot demo
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import importlib.util
+import os
+import statistics
+import sys
+import time
+
+__all__ = ["main"]
+
+
+def _load_factory(spec: str):
+    """``pkg.mod:factory`` or ``path/to/file.py:factory`` or a bundled model name."""
+    if ":" not in spec:
+        import models
+        return lambda: models.get(spec)
+    where, name = spec.rsplit(":", 1)
+    if where.endswith(".py") or os.sep in where:
+        if not os.path.exists(where):
+            raise SystemExit(f"aot: no such file {where!r}")
+        mspec = importlib.util.spec_from_file_location(os.path.splitext(os.path.basename(where))[0], where)
+        mod = importlib.util.module_from_spec(mspec)
+        mspec.loader.exec_module(mod)
+    else:
+        try:
+            mod = importlib.import_module(where)
+        except ImportError as e:
+            raise SystemExit(f"aot: cannot import {where!r}: {e}")
+    try:
+        return getattr(mod, name)
+    except AttributeError:
+        raise SystemExit(f"aot: {where!r} has no attribute {name!r}")
+
+
+def _parse_shape(text: str) -> tuple[int, ...]:
+    try:
+        return tuple(int(s) for s in text.split(","))
+    except ValueError:
+        raise SystemExit(f"aot: --input-shape {text!r} should be comma-separated ints, e.g. 1,3,224,224")
+
+
+def _model_and_inputs(args):
+    import torch
+    made = _load_factory(args.model)()
+    model, example = (made if isinstance(made, tuple) else (made, None))
+    if args.input_shape:
+        dtype = getattr(torch, args.input_dtype)
+        gen = torch.Generator().manual_seed(0)
+        example = tuple(
+            torch.randn(_parse_shape(s), generator=gen).to(dtype) if dtype.is_floating_point
+            else torch.randint(0, 100, _parse_shape(s), generator=gen, dtype=dtype)
+            for s in args.input_shape)
+    if example is None:
+        raise SystemExit("aot: give --input-shape (the factory returned only a model)")
+    if not isinstance(example, tuple):
+        example = (example,)
+    return model.eval(), example
+
+
+def _step(msg: str):
+    print(f"[aot] {msg}", file=sys.stderr, flush=True)
+
+
+def cmd_compile(args) -> int:
+    from .importer import ImportOptions, import_model
+    from .lower.compile import compile_program
+    from .lower.partition import partition, torch_mlir
+    from .lower.placement import PlacementPolicy
+    from .lower.targets import get_target
+
+    policy = PlacementPolicy.make(args.fallback, args.fallback_op)
+    target = get_target(args.target, tuple(args.flag))
+    model, example = _model_and_inputs(args)
+    t0 = time.perf_counter()
+    _step(f"exporting {type(model).__name__} ...")
+    imported = import_model(model, example, options=ImportOptions(strict=args.strict))
+    if args.emit == "torch":
+        print(torch_mlir(imported))
+        return 0
+    _step(f"partitioning for {target.name} (fallback={policy.fallback!r}) ...")
+    part = partition(imported, target, policy)
+    if args.emit == "partitioned":
+        print(part.mlir)
+        return 0
+    _step(f"compiling with IREE ({target.backend}) ...")
+    art = compile_program(part)
+    out = args.output or f"{imported.name.lower()}.aot"
+    art.save(out)
+    n_kc = len(art.manifest["kernel_calls"])
+    _step(f"wrote {out} ({os.path.getsize(out) / 1e6:.1f} MB, {n_kc} kernel calls) "
+          f"in {time.perf_counter() - t0:.1f}s")
+    return 0
+
+
+def _random_inputs(module):
+    import torch
+    from .fallback import static_values
+    from .torch_tensor import TorchTensor
+    import torch.utils._pytree as pytree
+    gen = torch.Generator().manual_seed(0)
+    leaves = []
+    for spec in module.inputs:
+        if isinstance(spec, TorchTensor):
+            dt = spec.torch_dtype
+            t = (torch.randn(spec.shape, generator=gen).to(dt) if dt.is_floating_point
+                 else torch.randint(0, 100, spec.shape, generator=gen, dtype=dt))
+            leaves.append(t)
+        else:
+            leaves.append(static_values.decode(spec[1]))
+    return pytree.tree_unflatten(leaves, module.in_spec)
+
+
+def cmd_run(args) -> int:
+    import torch
+    from .runtime import load
+    cm = load(args.artifact)
+    call_args, call_kwargs = _random_inputs(cm)
+    if args.inputs:
+        loaded = torch.load(args.inputs)
+        call_args, call_kwargs = (loaded if isinstance(loaded, tuple) else (loaded,)), {}
+    out = cm(*call_args, **call_kwargs)
+    times = []
+    for _ in range(args.repeat):
+        t0 = time.perf_counter()
+        cm(*call_args, **call_kwargs)
+        times.append(time.perf_counter() - t0)
+    import torch.utils._pytree as pytree
+    for i, o in enumerate(pytree.tree_leaves(out)):
+        print(f"output {i}: {str(o.dtype).replace('torch.', '')}{list(o.shape)} "
+              f"mean={o.float().mean().item():.6g}")
+    if times:
+        print(f"latency: median {statistics.median(times) * 1e3:.2f} ms over {len(times)} runs "
+              f"({cm.kernel_call_count // (len(times) + 1)} kernel calls per run)")
+    if args.output:
+        torch.save(out, args.output)
+    return 0
+
+
+def cmd_report(args) -> int:
+    from . import report
+    print(report(args.artifact))
+    return 0
+
+
+def cmd_demo(args) -> int:
+    import torch
+    import aot
+    import models
+    name = args.model
+    model, example = models.get(name)
+    _step(f"demo: compiling bundled model {name!r} for cpu (first run probes op coverage; "
+          "this takes a minute) ...")
+    t0 = time.perf_counter()
+    cm = aot.compile(model, example)
+    _step(f"compiled in {time.perf_counter() - t0:.1f}s")
+    path = args.output or f"{name}.aot"
+    cm.save(path)
+    cm2 = aot.load(path)
+    with torch.no_grad():
+        ref = model(*example)
+    out = cm2(*example)
+    err = (out - ref).abs().max().item()
+    torch.testing.assert_close(out, ref, rtol=1e-4, atol=1e-4)
+    eager, ours = [], []
+    for _ in range(5):
+        t = time.perf_counter(); model(*example); eager.append(time.perf_counter() - t)
+        t = time.perf_counter(); cm2(*example); ours.append(time.perf_counter() - t)
+    print(cm2.report())
+    print(f"\nsaved {path}; loaded and ran it: max |aot - eager| = {err:.2e} (matches eager)")
+    print(f"latency (median of 5): eager {statistics.median(eager) * 1e3:.1f} ms, "
+          f"aot {statistics.median(ours) * 1e3:.1f} ms")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="aot", description=__doc__.split("\n\n")[0])
+    sub = p.add_subparsers(dest="cmd", required=True)
+    c = sub.add_parser("compile", help="compile a model to an artifact")
+    c.add_argument("model", help="pkg.module:factory, path/to/file.py:factory, or a bundled "
+                   "model name (resnet18, bert, custom_op, unlowerable); the factory returns "
+                   "a model or (model, example_args)")
+    c.add_argument("--input-shape", action="append", default=[],
+                   help="example input shape, e.g. 1,3,224,224 (repeat for several inputs)")
+    c.add_argument("--input-dtype", default="float32", help="dtype of generated inputs")
+    c.add_argument("-o", "--output", help="artifact path (default: <model>.aot)")
+    c.add_argument("--target", default="cpu", help="cpu or cuda")
+    c.add_argument("--fallback", default="auto", help="auto, all or none")
+    c.add_argument("--fallback-op", action="append", default=[],
+                   help="force an op to ATen, e.g. aten.layer_norm (repeatable)")
+    c.add_argument("--flag", action="append", default=[], help="extra iree-compile flag")
+    c.add_argument("--strict", action="store_true", help="torch.export strict mode")
+    c.add_argument("--emit", choices=["torch", "partitioned"],
+                   help="print the MLIR at this stage instead of compiling")
+    c.set_defaults(fn=cmd_compile)
+    r = sub.add_parser("run", help="load an artifact and run it on random (or given) inputs")
+    r.add_argument("artifact")
+    r.add_argument("--inputs", help="a .pt file with a tensor or tuple of tensors")
+    r.add_argument("--repeat", type=int, default=10, help="timed runs after the first")
+    r.add_argument("-o", "--output", help="save outputs to this .pt file")
+    r.set_defaults(fn=cmd_run)
+    rep = sub.add_parser("report", help="what was compiled and what falls back to ATen")
+    rep.add_argument("artifact")
+    rep.set_defaults(fn=cmd_report)
+    d = sub.add_parser("demo", help="compile, save, load and run a bundled model end to end")
+    d.add_argument("--model", default="resnet18")
+    d.add_argument("-o", "--output")
+    d.set_defaults(fn=cmd_demo)
+    return p
+
+
+def main(argv=None) -> int:
+    from .errors import AotError
+    args = build_parser().parse_args(argv)
+    try:
+        return args.fn(args)
+    except AotError as e:
+        print(f"aot: error: {type(e).__name__} {e}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
