@@ -62,5 +62,5 @@ def report(module_or_path) -> str:
     if isinstance(module_or_path, CompiledModule):
         return module_or_path.report()
     from .artifact import load_artifact
-    from .report import format_report
+    from .reporting import format_report
     return format_report(load_artifact(module_or_path).manifest)

@@ -147,8 +147,9 @@ def cmd_run(args) -> int:
 
 
 def cmd_report(args) -> int:
-    from . import report
-    print(report(args.artifact))
+    from .artifact import load_artifact
+    from .reporting import format_report
+    print(format_report(load_artifact(args.artifact).manifest))
     return 0
 
 

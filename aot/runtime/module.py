@@ -80,7 +80,7 @@ class CompiledModule:
 
     def report(self) -> str:
         """What was compiled, what fell back to ATen, and why."""
-        from ..report import format_report
+        from ..reporting import format_report
         return format_report(self.manifest)
 
     def __call__(self, *args, **kwargs):

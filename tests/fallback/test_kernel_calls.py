@@ -1,0 +1,107 @@
+"""The fallback executor: several results, strided results, errors inside ATen, the static contract."""
+
+import math
+
+import pytest
+import torch
+
+import aot
+from aot.fallback import static_values
+
+_lib = torch.library.Library("aot_test", "FRAGMENT")
+_lib.define("fail_if_negative(Tensor x) -> Tensor")
+_lib.define("twice(Tensor x) -> Tensor")
+
+
+def _fail_if_negative(x):
+    if (x < 0).any():
+        raise ValueError("negative input")
+    return x.sqrt()
+
+
+_lib.impl("fail_if_negative", _fail_if_negative, "CompositeExplicitAutograd")
+_lib.impl("twice", lambda x: x * 2, "CompositeExplicitAutograd")
+torch.library.register_fake("aot_test::fail_if_negative", lambda x: torch.empty_like(x), lib=_lib)
+torch.library.register_fake("aot_test::twice", lambda x: torch.empty_like(x), lib=_lib)
+
+
+class MultiResult(torch.nn.Module):
+    def forward(self, x):
+        v, i = torch.topk(x, 3, dim=-1)
+        return v * 2, i, x.t()
+
+
+def test_several_and_strided_results():
+    m = MultiResult().eval()
+    x = torch.randn(4, 8)
+    cm = aot.compile(m, (x,), fallback_ops=["aten.topk", "aten.t", "aten.permute"])
+    calls = {k["op"] for k in cm.manifest["kernel_calls"]}
+    assert "aten::topk" in calls
+    out, ref = cm(x), m(x)
+    for a, b in zip(out, ref):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+    # The transpose output comes back with eager's strides.
+    assert out[2].stride() == ref[2].stride()
+
+
+class UsesCustom(torch.nn.Module):
+    def forward(self, x):
+        return torch.ops.aot_test.fail_if_negative(x + 1) * 3
+
+
+def test_error_inside_kernel_call_names_op():
+    cm = aot.compile(UsesCustom(), (torch.rand(5),))
+    good = torch.rand(5)
+    torch.testing.assert_close(cm(good), ((good + 1).sqrt() * 3), rtol=1e-6, atol=1e-6)
+    with pytest.raises(aot.KernelCallFailed, match=r"aot_test.fail_if_negative.default.*negative input") as e:
+        cm(torch.full((5,), -5.0))
+    assert isinstance(e.value.__cause__, ValueError)
+    assert "test_kernel_calls.py" in str(e.value)  # the user's source line
+    # The module keeps working after the failure.
+    torch.testing.assert_close(cm(good), ((good + 1).sqrt() * 3), rtol=1e-6, atol=1e-6)
+
+
+class TwoCustom(torch.nn.Module):
+    def forward(self, x):
+        y = torch.ops.aot_test.twice(x)
+        return torch.ops.aot_test.twice(y.relu())
+
+
+def test_fallback_none_lists_every_uncovered_op():
+    with pytest.raises(aot.UnsupportedOp) as e:
+        aot.compile(TwoCustom(), (torch.randn(3),), fallback="none")
+    msg = str(e.value)
+    assert "2 op(s) are not covered" in msg
+    assert msg.count("aot_test.twice.default at") == 2
+    assert "test_kernel_calls.py" in msg
+
+
+def test_custom_op_auto_runs_as_kernel_call():
+    m = TwoCustom()
+    x = torch.randn(3)
+    cm = aot.compile(m, (x,))
+    torch.testing.assert_close(cm(x), m(x), rtol=0, atol=0)
+    kc = [p for p in cm.manifest["placements"] if p["where"] == "kernel_call"]
+    assert [p["op"] for p in kc] == ["aot_test.twice.default"] * 2
+    assert all("torch.operator" in p["reason"] for p in kc)
+    assert cm.kernel_call_count == 2
+
+
+@pytest.mark.parametrize("value", [
+    1, -3, 2.5, float("inf"), float("-inf"), True, None, "tanh", [1, 2, [3]], (4, 5),
+    torch.float16, torch.int64, torch.device("cpu"), torch.channels_last, torch.strided,
+])
+def test_static_value_round_trip(value):
+    import json
+    enc = json.loads(json.dumps(static_values.encode(value)))
+    assert static_values.decode(enc) == value
+    assert type(static_values.decode(enc)) is type(value)
+
+
+def test_static_nan_round_trip():
+    assert math.isnan(static_values.decode(static_values.encode(float("nan"))))
+
+
+def test_static_unrepresentable_is_rejected():
+    with pytest.raises(TypeError, match="cannot record a static value of type object"):
+        static_values.encode(object())
