@@ -1,0 +1,40 @@
+"""Bundled models: name -> factory returning ``(model.eval(), example_args)``.
+
+All weights are random (seeded): nothing is downloaded.
+"""
+
+from __future__ import annotations
+
+__all__ = ["MODELS", "get"]
+
+
+def _resnet18():
+    from .resnet18 import resnet18
+    return resnet18()
+
+
+def _bert():
+    from .bert import bert_encoder
+    return bert_encoder()
+
+
+def _custom_op():
+    from .custom_op import custom_op_model
+    return custom_op_model()
+
+
+def _unlowerable():
+    from .unlowerable import unlowerable_model
+    return unlowerable_model()
+
+
+MODELS = {"resnet18": _resnet18, "bert": _bert, "custom_op": _custom_op,
+          "unlowerable": _unlowerable}
+
+
+def get(name: str):
+    """``(model, example_args)`` of a bundled model; KeyError lists the names."""
+    try:
+        return MODELS[name]()
+    except KeyError:
+        raise KeyError(f"no bundled model {name!r}; choose one of {sorted(MODELS)}") from None
