@@ -94,7 +94,8 @@ def make_host_module(specs: list[KernelCallSpec], device, driver: str) -> HostMo
     host = HostModule(None, iface)  # type: ignore[arg-type]
     for spec in specs:
         fn = _KernelCall(spec, device, driver, host)
-        cconv = "0" + "r" * len(spec.inputs) + "_" + "r" * len(spec.results)
+        # IREE calling convention: "v" (void) stands for an empty argument list.
+        cconv = "0" + ("r" * len(spec.inputs) or "v") + "_" + "r" * len(spec.results)
         iface.export(spec.key, cconv, lambda _self, *refs, _fn=fn: _fn(*refs))
     host.vm_module = iface.create()
     return host
