@@ -19,11 +19,10 @@ import iree.runtime as rt
 
 from ..errors import ArtifactError, KernelCallFailed
 from ..runtime.device import buffer_view_to_torch, torch_to_buffer_view
-from .spec import KernelCallSpec, resolve_op
+from .spec import HOST_MODULE, KernelCallSpec, resolve_op
 
 __all__ = ["HostModule", "make_host_module", "HOST_MODULE"]
 log = logging.getLogger(__name__)
-HOST_MODULE = "aot_kernels"  # must match aot.lower.outline.HOST_MODULE
 
 
 @dataclass

@@ -17,7 +17,11 @@ import torch
 from ..torch_tensor import TorchTensor
 from . import static_values
 
-__all__ = ["TensorArg", "TensorListArg", "StaticArg", "KernelCallSpec", "resolve_op"]
+__all__ = ["HOST_MODULE", "TensorArg", "TensorListArg", "StaticArg", "KernelCallSpec", "resolve_op"]
+
+# The IREE module name kernel calls are imported from (compile side) and that the
+# fallback executor registers (run side).
+HOST_MODULE = "aot_kernels"
 
 
 @dataclass(frozen=True)

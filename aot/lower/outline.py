@@ -12,13 +12,12 @@ from __future__ import annotations
 
 from .._mlir import ir
 from ..errors import InternalError
-from ..fallback.spec import KernelCallSpec
+from ..fallback.spec import HOST_MODULE, KernelCallSpec
 from ..torch_tensor import TorchTensor
 from .kernel_call_op import NAMESPACE
 
 __all__ = ["HOST_MODULE", "outline_kernel_calls", "builtin_tensor_type"]
 
-HOST_MODULE = "aot_kernels"  # the IREE module name the fallback executor registers
 
 _ELEMENT = {"float32": "f32", "float64": "f64", "float16": "f16", "bfloat16": "bf16",
             "bool": "i1", "int8": "i8", "uint8": "ui8", "int16": "i16", "int32": "i32",
