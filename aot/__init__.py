@@ -5,6 +5,8 @@ The pipeline, one stage per module::
     import_model   (aot.importer)        nn.Module -> ImportedProgram
     partition      (aot.lower.partition) -> PartitionedProgram (placements, kernel calls)
     compile_program(aot.lower.compile)   -> CompiledArtifact (.vmfb + manifest)
+    (compile_model chains partition + compile_program, retrying when IREE fails
+    on a fusion of ops that lower alone: aot.lower.recover)
     CompiledModule (aot.runtime)         load + run, kernel calls via aot.fallback
 
 ``compile()`` chains them; ``load()`` and ``report()`` need only the runtime.
@@ -46,15 +48,14 @@ def compile(model, args=(), *, example_kwargs=None, target: str = "cpu", fallbac
         ExportFailed, UnsupportedOp, CompileFailed: see ``aot.errors``.
     """
     from .importer import ImportOptions, import_model
-    from .lower.compile import compile_program
-    from .lower.partition import partition
+    from .lower.compile import compile_model
     from .lower.placement import PlacementPolicy
     from .lower.targets import get_target
 
     policy = PlacementPolicy.make(fallback, fallback_ops)
     tgt = get_target(target, tuple(extra_flags))
     imported = import_model(model, args, example_kwargs, ImportOptions(strict=strict))
-    return CompiledModule(compile_program(partition(imported, tgt, policy)))
+    return CompiledModule(compile_model(imported, tgt, policy))
 
 
 def report(module_or_path) -> str:

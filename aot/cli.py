@@ -73,7 +73,7 @@ def _step(msg: str):
 
 def cmd_compile(args) -> int:
     from .importer import ImportOptions, import_model
-    from .lower.compile import compile_program
+    from .lower.compile import compile_model
     from .lower.partition import partition, torch_mlir
     from .lower.placement import PlacementPolicy
     from .lower.targets import get_target
@@ -87,13 +87,12 @@ def cmd_compile(args) -> int:
     if args.emit == "torch":
         print(torch_mlir(imported))
         return 0
-    _step(f"partitioning for {target.name} (fallback={policy.fallback!r}) ...")
-    part = partition(imported, target, policy)
     if args.emit == "partitioned":
-        print(part.mlir)
+        print(partition(imported, target, policy).mlir)
         return 0
-    _step(f"compiling with IREE ({target.backend}) ...")
-    art = compile_program(part)
+    _step(f"partitioning for {target.name} (fallback={policy.fallback!r}) and compiling "
+          f"with IREE ({target.backend}) ...")
+    art = compile_model(imported, target, policy)
     out = args.output or f"{imported.name.lower()}.aot"
     art.save(out)
     n_kc = len(art.manifest["kernel_calls"])

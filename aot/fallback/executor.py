@@ -64,27 +64,40 @@ class _KernelCall:
 
     def _run(self, refs):
         self.host.calls += 1
+        n = len(self.spec.inputs)
         tensors = [buffer_view_to_torch(self.device, r.deref(rt.HalBufferView), self.driver)
-                   for r in refs]
-        args, kwargs = self.spec.bind(tensors, self.torch_device)
+                   for r in refs[:n]]
+        args, kwargs = self.spec.bind(tensors, self.torch_device, refs[n:])
         try:
             out = self.op(*args, **kwargs)
         except Exception as e:
             raise KernelCallFailed(f"ATen raised {type(e).__name__}: {e}\n  in {self.spec!r}",
                                    op=self.spec.qualified_name, location=self.spec.location) from e
         outs = list(out) if isinstance(out, (tuple, list)) else [out]
+        kinds = self.spec.out_kinds
+        if len(outs) != len(kinds):
+            raise KernelCallFailed(f"ATen returned {len(outs)} value(s), compiled for {len(kinds)}",
+                                   op=self.spec.qualified_name, location=self.spec.location)
         in_ptrs = {_storage_ptr(t) for t in tensors}
-        refs_out = []
-        for i, (r, want) in enumerate(zip(outs, self.spec.results)):
-            if tuple(r.shape) != want.shape or r.dtype != want.torch_dtype:
-                raise KernelCallFailed(
-                    f"result {i} is {r.dtype}{list(r.shape)}, compiled for "
-                    f"{want.dtype}{list(want.shape)}", op=self.spec.qualified_name,
-                    location=self.spec.location)
-            if not r.is_contiguous() or _storage_ptr(r) in in_ptrs:
-                r = r.contiguous() if not r.is_contiguous() else r.clone()
-            refs_out.append(torch_to_buffer_view(self.device, r, f"{self.spec.key} result {i}").ref)
-        return refs_out[0] if len(refs_out) == 1 else tuple(refs_out)
+        tensor_specs = iter(self.spec.results)
+        vals = []
+        for i, (r, kind) in enumerate(zip(outs, kinds)):
+            if kind == "t":
+                vals.append(self._tensor_result(i, r, next(tensor_specs), in_ptrs))
+            else:
+                vals.append(float(r) if kind == "f" else int(r))
+        return vals[0] if len(vals) == 1 else tuple(vals)
+
+    def _tensor_result(self, i: int, r, want, in_ptrs):
+        if not isinstance(r, torch.Tensor) or tuple(r.shape) != want.shape \
+                or r.dtype != want.torch_dtype:
+            got = f"{r.dtype}{list(r.shape)}" if isinstance(r, torch.Tensor) else type(r).__name__
+            raise KernelCallFailed(
+                f"result {i} is {got}, compiled for {want.dtype}{list(want.shape)}",
+                op=self.spec.qualified_name, location=self.spec.location)
+        if not r.is_contiguous() or _storage_ptr(r) in in_ptrs:
+            r = r.contiguous() if not r.is_contiguous() else r.clone()
+        return torch_to_buffer_view(self.device, r, f"{self.spec.key} result {i}").ref
 
 
 def make_host_module(specs: list[KernelCallSpec], device, driver: str) -> HostModule:
@@ -93,8 +106,6 @@ def make_host_module(specs: list[KernelCallSpec], device, driver: str) -> HostMo
     host = HostModule(None, iface)  # type: ignore[arg-type]
     for spec in specs:
         fn = _KernelCall(spec, device, driver, host)
-        # IREE calling convention: "v" (void) stands for an empty argument list.
-        cconv = "0" + ("r" * len(spec.inputs) or "v") + "_" + "r" * len(spec.results)
-        iface.export(spec.key, cconv, lambda _self, *refs, _fn=fn: _fn(*refs))
+        iface.export(spec.key, spec.cconv, lambda _self, *refs, _fn=fn: _fn(*refs))
     host.vm_module = iface.create()
     return host

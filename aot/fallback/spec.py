@@ -3,8 +3,10 @@
 Made by the partitioner (``aot.lower.partition``) by walking the op's
 ``FunctionSchema``; stored in the artifact manifest; read by the fallback
 executor to rebuild the exact call. Tensor operands arrive at run time as
-buffers; every other operand is a :class:`StaticArg` whose value was recorded
-(see ``static_values`` for the contract), never guessed.
+buffers; a scalar only known at run time (a ``SymInt``/``SymFloat``/``SymBool``
+such as the result of ``.item()``) arrives as a host-function scalar
+(:class:`ScalarArg`); every other operand is a :class:`StaticArg` whose value
+was recorded (see ``static_values`` for the contract), never guessed.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ import torch
 from ..torch_tensor import TorchTensor
 from . import static_values
 
-__all__ = ["HOST_MODULE", "TensorArg", "TensorListArg", "StaticArg", "KernelCallSpec", "resolve_op"]
+__all__ = ["HOST_MODULE", "TensorArg", "TensorListArg", "ScalarArg", "StaticArg", "KernelCallSpec", "resolve_op"]
 
 # The IREE module name kernel calls are imported from (compile side) and that the
 # fallback executor registers (run side).
@@ -44,6 +46,20 @@ class TensorListArg:
 
 
 @dataclass(frozen=True)
+class ScalarArg:
+    """A run-time scalar operand: the ``index``-th scalar passed to the host function.
+
+    ``kind`` is ``i`` (int, passed as i64), ``f`` (float, passed as f32 as
+    IREE demotes f64) or ``b`` (bool, passed as i64 0/1).
+    """
+
+    name: str
+    index: int
+    kind: str
+    kwarg_only: bool = False
+
+
+@dataclass(frozen=True)
 class StaticArg:
     """A non-tensor operand recorded at compile time (value encoded per the contract)."""
 
@@ -53,7 +69,11 @@ class StaticArg:
     kwarg_only: bool = False
 
 
-Operand = TensorArg | TensorListArg | StaticArg
+Operand = TensorArg | TensorListArg | ScalarArg | StaticArg
+
+# host-function calling-convention letter per scalar kind (IREE VM: I=i64, f=f32)
+SCALAR_CCONV = {"i": "I", "b": "I", "f": "f"}
+_SCALAR_PY = {"i": int, "b": bool, "f": float}
 
 
 @dataclass(frozen=True)
@@ -61,7 +81,11 @@ class KernelCallSpec:
     """One kernel call: ``op`` (``aten::layer_norm``), ``overload``, operands, results.
 
     ``key`` is the host function name (``call_3``), stable within an artifact.
-    ``results`` describe every tensor the op returns, as ATen returns it.
+    ``inputs`` describe the tensor operands of the host function, in order;
+    ``scalar_inputs`` the kinds of the run-time scalars that follow them.
+    ``results`` describe every tensor the op returns, as ATen returns it;
+    ``result_kinds`` spells every result in order (``t`` for the next of
+    ``results``, or a scalar kind); empty means "all tensors".
     """
 
     key: str
@@ -72,6 +96,19 @@ class KernelCallSpec:
     location: str | None
     reason: str
     inputs: tuple[TorchTensor, ...]
+    scalar_inputs: tuple[str, ...] = ()
+    result_kinds: str = ""
+
+    @property
+    def out_kinds(self) -> str:
+        return self.result_kinds or "t" * len(self.results)
+
+    @property
+    def cconv(self) -> str:
+        """IREE VM calling convention of the host function (``0rrI_r``)."""
+        ins = "r" * len(self.inputs) + "".join(SCALAR_CCONV[k] for k in self.scalar_inputs)
+        outs = "".join("r" if k == "t" else SCALAR_CCONV[k] for k in self.out_kinds)
+        return f"0{ins or 'v'}_{outs}"
 
     @property
     def qualified_name(self) -> str:
@@ -84,21 +121,28 @@ class KernelCallSpec:
                 text = f"%{o.index}: {o.spec.short()}"
             elif isinstance(o, TensorListArg):
                 text = "[" + ", ".join("None" if i is None else f"%{i}" for i in o.indices) + "]"
+            elif isinstance(o, ScalarArg):
+                text = f"${o.index}: {_SCALAR_PY[o.kind].__name__}"
             else:
                 text = repr(static_values.decode(o.value))
             parts.append(f"{o.name}={text}" if o.kwarg_only else text)
-        res = ", ".join(r.short() for r in self.results)
+        tensors = iter(self.results)
+        res = ", ".join(next(tensors).short() if k == "t" else _SCALAR_PY[k].__name__
+                        for k in self.out_kinds)
         loc = f"  # {self.location}" if self.location else ""
         return f"{self.key}: {self.qualified_name}({', '.join(parts)}) -> ({res}){loc}"
 
-    def bind(self, tensors: list[torch.Tensor], device: torch.device | None = None):
-        """Rebuild ``(args, kwargs)`` for the ATen call from the host tensors."""
+    def bind(self, tensors: list[torch.Tensor], device: torch.device | None = None,
+             scalars: tuple = ()):
+        """Rebuild ``(args, kwargs)`` for the ATen call from the host operands."""
         args, kwargs = [], {}
         for o in self.operands:
             if isinstance(o, TensorArg):
                 v = tensors[o.index]
             elif isinstance(o, TensorListArg):
                 v = [None if i is None else tensors[i] for i in o.indices]
+            elif isinstance(o, ScalarArg):
+                v = _SCALAR_PY[o.kind](scalars[o.index])
             else:
                 v = static_values.decode(o.value, device=device)
             if o.kwarg_only:
@@ -116,12 +160,16 @@ class KernelCallSpec:
             elif isinstance(o, TensorListArg):
                 ops.append({"kind": "tensor_list", "name": o.name, "indices": list(o.indices),
                             "kwarg_only": o.kwarg_only})
+            elif isinstance(o, ScalarArg):
+                ops.append({"kind": "scalar", "name": o.name, "index": o.index,
+                            "scalar_kind": o.kind, "kwarg_only": o.kwarg_only})
             else:
                 ops.append({"kind": "static", "name": o.name, "type": o.schema_type,
                             "value": o.value, "kwarg_only": o.kwarg_only})
         return {"key": self.key, "op": self.op, "overload": self.overload, "operands": ops,
                 "inputs": [t.to_json() for t in self.inputs],
                 "results": [r.to_json() for r in self.results],
+                "scalar_inputs": list(self.scalar_inputs), "result_kinds": self.result_kinds,
                 "location": self.location, "reason": self.reason}
 
     @staticmethod
@@ -133,11 +181,14 @@ class KernelCallSpec:
                 operands.append(TensorArg(o["name"], o["index"], inputs[o["index"]], o["kwarg_only"]))
             elif o["kind"] == "tensor_list":
                 operands.append(TensorListArg(o["name"], tuple(o["indices"]), o["kwarg_only"]))
+            elif o["kind"] == "scalar":
+                operands.append(ScalarArg(o["name"], o["index"], o["scalar_kind"], o["kwarg_only"]))
             else:
                 operands.append(StaticArg(o["name"], o["type"], o["value"], o["kwarg_only"]))
         return KernelCallSpec(d["key"], d["op"], d["overload"], tuple(operands),
                               tuple(TorchTensor.from_json(r) for r in d["results"]),
-                              d.get("location"), d.get("reason", ""), inputs)
+                              d.get("location"), d.get("reason", ""), inputs,
+                              tuple(d.get("scalar_inputs", ())), d.get("result_kinds", ""))
 
 
 def resolve_op(op: str, overload: str):

@@ -147,5 +147,9 @@ def _output_specs(ep) -> tuple[TorchTensor, ...]:
         if not isinstance(val, torch.Tensor):
             raise UnsupportedOp(f"output {i} is a {type(val).__name__}, not a tensor; compiled "
                                 "modules return tensors only")
+        if not all(isinstance(d, int) for d in val.shape):
+            raise UnsupportedOp(f"output {i} has a data-dependent shape {tuple(val.shape)}; "
+                                "compiled modules need static output shapes",
+                                location=node_location(v) if isinstance(v, torch.fx.Node) else None)
         specs.append(TorchTensor.from_tensor(val))
     return tuple(specs)

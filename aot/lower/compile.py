@@ -2,6 +2,10 @@
 
 Third link of the chain: runs IREE on the outlined module for the target and
 writes the manifest the runtime needs (nothing in it requires the compiler).
+``compile_model`` drives partition + compile for an ImportedProgram and, under
+``fallback="auto"``, recovers from IREE failing on a combination of ops that
+each lower alone: the ops its errors point at become kernel calls (``recover``)
+and the program is partitioned and compiled again.
 """
 
 from __future__ import annotations
@@ -14,10 +18,18 @@ import torch.utils._pytree as pytree
 
 from ..artifact import FORMAT_VERSION, CompiledArtifact
 from ..torch_tensor import TorchTensor
-from .iree_compile import compile_mlir
-from .partition import PartitionedProgram
+import logging
 
-__all__ = ["compile_program"]
+from ..importer.program import ImportedProgram
+from .iree_compile import compile_error, first_error, try_compile
+from .partition import PartitionedProgram, partition
+from .placement import PlacementPolicy
+from .recover import blame, grow
+from .targets import Target
+
+__all__ = ["compile_program", "compile_model"]
+log = logging.getLogger(__name__)
+_MAX_RECOVERY_ROUNDS = 4
 
 
 def _iree_version() -> str:
@@ -40,7 +52,43 @@ def compile_program(p: PartitionedProgram) -> CompiledArtifact:
             diagnostic, the path of the dumped input IR and an iree-compile repro.
     """
     t0 = time.perf_counter()
-    vmfb = compile_mlir(p.mlir, p.target, what=p.imported.name)
+    vmfb, diag = try_compile(p.mlir, p.target)
+    if vmfb is None:
+        raise compile_error(p.mlir, p.target, diag, what=p.imported.name)
+    return _artifact(p, vmfb, time.perf_counter() - t0)
+
+
+def compile_model(imported: ImportedProgram, target: Target,
+                  policy: PlacementPolicy = PlacementPolicy()) -> CompiledArtifact:
+    """Partition and compile, moving ops IREE breaks on to ATen (``fallback="auto"``).
+
+    Raises:
+        UnsupportedOp: from ``partition``.
+        CompileFailed: IREE still fails after the blamed ops moved to ATen, its
+            errors point at no compiled op, or the policy forbids fallback.
+    """
+    t0 = time.perf_counter()
+    demoted: dict[str, str] = {}
+    for _ in range(_MAX_RECOVERY_ROUNDS + 1):
+        p = partition(imported, target, policy, demoted=demoted)
+        vmfb, diag = try_compile(p.mlir, target)
+        if vmfb is not None:
+            return _artifact(p, vmfb, time.perf_counter() - t0)
+        fresh = {k: v for k, v in blame(diag, p.mlir, p.placements).items() if k not in demoted}
+        if not fresh and demoted:
+            fresh = grow(demoted, p.placements, p.producers or {}, first_error(diag))
+        if policy.fallback != "auto" or not fresh:
+            note = ("" if policy.fallback == "auto" else
+                    f"(fallback={policy.fallback!r}: not retried with the failing ops in ATen)\n")
+            raise compile_error(p.mlir, target, diag, what=imported.name, note=note)
+        log.warning("IREE failed on a combination of ops that lower alone (%s); running %s "
+                    "in ATen and compiling again", next(iter(fresh.values())), sorted(fresh))
+        demoted.update(fresh)
+    raise compile_error(p.mlir, target, diag, what=imported.name,
+                        note=f"(gave up after {_MAX_RECOVERY_ROUNDS} recovery rounds)\n")
+
+
+def _artifact(p: PartitionedProgram, vmfb: bytes, seconds: float) -> CompiledArtifact:
     inputs = [i.to_json() if isinstance(i, TorchTensor) else {"static": i[1]}
               for i in p.imported.flat_inputs]
     manifest = {
@@ -59,7 +107,7 @@ def compile_program(p: PartitionedProgram) -> CompiledArtifact:
         "kernel_calls": [k.to_json() for k in p.kernel_calls],
         "placements": [pl.to_json() for pl in p.placements],
         "policy": {"fallback": p.policy.fallback, "fallback_ops": list(p.policy.fallback_ops)},
-        "compile_seconds": round(time.perf_counter() - t0, 3),
+        "compile_seconds": round(seconds, 3),
         "vmfb_sha256": hashlib.sha256(vmfb).hexdigest(),
     }
     return CompiledArtifact(vmfb, manifest)

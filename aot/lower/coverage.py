@@ -39,6 +39,8 @@ def _describe(a) -> str:
         a = a.meta.get("val")
     if isinstance(a, torch.Tensor):
         return f"{str(a.dtype).replace('torch.', '')}{list(a.shape)}"
+    if isinstance(a, (torch.SymInt, torch.SymFloat, torch.SymBool)):
+        return type(a).__name__  # a run-time scalar: its value does not change the verdict
     if isinstance(a, (list, tuple)):
         return "[" + ",".join(_describe(x) for x in a) + "]"
     return repr(a)
@@ -93,7 +95,7 @@ def _probe_graph(node: torch.fx.Node) -> torch.fx.Graph:
         if not isinstance(a, torch.fx.Node):
             return a
         val = a.meta.get("val")
-        if isinstance(val, torch.Tensor):
+        if isinstance(val, (torch.Tensor, torch.SymInt, torch.SymFloat, torch.SymBool)):
             p = g.placeholder(f"arg{len(g.nodes)}")
             p.meta["val"] = val
             return p

@@ -13,7 +13,7 @@ from iree.compiler import CompilerToolError, compile_str
 from ..errors import CompileFailed
 from .targets import Target
 
-__all__ = ["compile_mlir", "try_compile", "first_error"]
+__all__ = ["compile_mlir", "compile_error", "try_compile", "first_error"]
 log = logging.getLogger(__name__)
 
 
@@ -41,13 +41,19 @@ def compile_mlir(asm: str, target: Target, *, what: str = "model") -> bytes:
     if vmfb is not None:
         log.info("compiled %s for %s in %.1fs", what, target.name, time.perf_counter() - t0)
         return vmfb
+    raise compile_error(asm, target, diag, what=what)
+
+
+def compile_error(asm: str, target: Target, diag: str, *, what: str = "model",
+                  note: str = "") -> CompileFailed:
+    """The CompileFailed for ``diag``: first error, dumped input IR, repro command."""
     dump = tempfile.mkdtemp(prefix="aot-compile-failure-")
     path = os.path.join(dump, f"{what}.torch.mlir")
     with open(path, "w") as f:
         f.write(asm)
     flags = " ".join(target.flags)
-    raise CompileFailed(
-        f"IREE could not compile {what} for {target.name}: {first_error(diag)}\n"
+    return CompileFailed(
+        f"IREE could not compile {what} for {target.name}: {first_error(diag)}\n{note}"
         f"input IR: {path}\nrepro: iree-compile --iree-input-type=torch "
         f"--iree-hal-target-backends={target.backend} {flags} {path} -o /dev/null\n"
         f"full diagnostics:\n{_tail(diag)}")

@@ -1,11 +1,13 @@
 """Turn kernel-call placeholders into calls of imported host functions.
 
 Input: a Torch-dialect module where each kernel call is a
-``torch.operator "aot_kc.call_n_m"(t0, ..., site)``. Output: the same module
-where each becomes ``torch_c.to_builtin_tensor`` on the operands, a
+``torch.operator "aot_kc.call_<ins>_<outs>"(t0, ..., s0, ..., site)``. Output:
+the same module where each becomes ``torch_c.to_builtin_tensor`` (tensors) or
+``torch_c.to_i64``/``to_f64``/``to_i1`` (run-time scalars) on the operands, a
 ``func.call @aot_kernels.<key>`` of a private declaration (IREE turns it into a
-module import, resolved at run time by the fallback executor), and
-``torch_c.from_builtin_tensor`` on the results.
+module import, resolved at run time by the fallback executor), and the inverse
+conversions on the results. Scalars cross as i64 (ints, bools) or f32 (floats:
+IREE demotes f64 to f32 everywhere, so compiled code holds f32 anyway).
 """
 
 from __future__ import annotations
@@ -52,8 +54,7 @@ def outline_kernel_calls(module: "ir.Module", specs: list[KernelCallSpec]) -> "i
     with module.context, ir.Location.unknown():
         with ir.InsertionPoint.at_block_begin(module.body):
             for spec in specs:
-                ins = [ir.Type.parse(builtin_tensor_type(t)) for t in spec.inputs]
-                outs = [ir.Type.parse(builtin_tensor_type(t.dense())) for t in spec.results]
+                ins, outs = _host_types(spec)
                 ir.Operation.create("func.func", regions=1, attributes={
                     "sym_name": ir.StringAttr.get(f"{HOST_MODULE}.{spec.key}"),
                     "function_type": ir.TypeAttr.get(ir.FunctionType.get(ins, outs)),
@@ -64,24 +65,58 @@ def outline_kernel_calls(module: "ir.Module", specs: list[KernelCallSpec]) -> "i
     return module
 
 
+_SCALAR_ABI = {"i": "i64", "b": "i64", "f": "f32"}
+
+
+def _host_types(spec: KernelCallSpec) -> tuple[list, list]:
+    """Builtin argument and result types of the host function for ``spec``."""
+    ins = [builtin_tensor_type(t) for t in spec.inputs]
+    ins += [_SCALAR_ABI[k] for k in spec.scalar_inputs]
+    tensors = iter(spec.results)
+    outs = [builtin_tensor_type(next(tensors).dense()) if k == "t" else _SCALAR_ABI[k]
+            for k in spec.out_kinds]
+    return [ir.Type.parse(t) for t in ins], [ir.Type.parse(t) for t in outs]
+
+
+def _op(name: str, operand, result: str):
+    return ir.Operation.create(name, operands=[operand], results=[ir.Type.parse(result)]).result
+
+
+def _scalar_to_abi(kind: str, v):
+    if kind == "i":
+        return _op("torch_c.to_i64", v, "i64")
+    if kind == "b":
+        return _op("arith.extui", _op("torch_c.to_i1", v, "i1"), "i64")
+    return _op("arith.truncf", _op("torch_c.to_f64", v, "f64"), "f32")
+
+
+def _scalar_from_abi(kind: str, v):
+    if kind == "i":
+        return _op("torch_c.from_i64", v, "!torch.int")
+    if kind == "b":
+        return _op("torch_c.from_i1", _op("arith.trunci", v, "i1"), "!torch.bool")
+    return _op("torch_c.from_f64", _op("arith.extf", v, "f64"), "!torch.float")
+
+
 def _replace(op: "ir.Operation", specs: list[KernelCallSpec]) -> None:
     site_op = op.operands[len(op.operands) - 1].owner
     site = ir.IntegerAttr(site_op.attributes["value"]).value
     spec = specs[site]
-    tensors = list(op.operands)[:-1]
-    if len(tensors) != len(spec.inputs) or len(op.results) != len(spec.results):
+    n_t, n_s = len(spec.inputs), len(spec.scalar_inputs)
+    operands = list(op.operands)[:-1]
+    if len(operands) != n_t + n_s or len(op.results) != len(spec.out_kinds):
         raise InternalError(f"kernel call {spec.key} arity does not match its spec")
+    ins, outs = _host_types(spec)
     with ir.InsertionPoint(op), op.location:
-        builtins = [
-            ir.Operation.create("torch_c.to_builtin_tensor", operands=[v],
-                                results=[ir.Type.parse(builtin_tensor_type(t))]).result
-            for v, t in zip(tensors, spec.inputs)]
+        args = [_op("torch_c.to_builtin_tensor", v, str(t))
+                for v, t in zip(operands[:n_t], ins[:n_t])]
+        args += [_scalar_to_abi(k, v) for k, v in zip(spec.scalar_inputs, operands[n_t:])]
         call = ir.Operation.create(
-            "func.call", operands=builtins,
-            results=[ir.Type.parse(builtin_tensor_type(t.dense())) for t in spec.results],
+            "func.call", operands=args, results=outs,
             attributes={"callee": ir.FlatSymbolRefAttr.get(f"{HOST_MODULE}.{spec.key}")})
-        for i, old in enumerate(op.results):
-            new = ir.Operation.create("torch_c.from_builtin_tensor", operands=[call.results[i]],
-                                      results=[old.type]).result
+        for kind, old, res in zip(spec.out_kinds, op.results, call.results):
+            new = (ir.Operation.create("torch_c.from_builtin_tensor", operands=[res],
+                                       results=[old.type]).result
+                   if kind == "t" else _scalar_from_abi(kind, res))
             old.replace_all_uses_with(new)
     op.erase()

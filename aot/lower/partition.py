@@ -17,7 +17,7 @@ import torch.fx
 
 from ..errors import UnsupportedOp
 from ..fallback import static_values
-from ..fallback.spec import KernelCallSpec, StaticArg, TensorArg, TensorListArg
+from ..fallback.spec import KernelCallSpec, ScalarArg, StaticArg, TensorArg, TensorListArg
 from ..importer.decompositions import decomposition_for
 from ..importer.fx_import import DROP, import_graph, stateless_graph
 from ..importer.locations import node_location
@@ -50,6 +50,7 @@ class PartitionedProgram:
     placements: tuple[Placement, ...]
     kernel_calls: tuple[KernelCallSpec, ...]
     mlir: str
+    producers: dict[str, tuple[str, ...]] | None = None  # op node -> the op nodes it reads
 
     def __post_init__(self):
         keys = [k.key for k in self.kernel_calls]
@@ -74,7 +75,8 @@ def torch_mlir(imported: ImportedProgram) -> str:
 
 def partition(imported: ImportedProgram, target: Target,
               policy: PlacementPolicy = PlacementPolicy(),
-              cache: CoverageCache | None = None) -> PartitionedProgram:
+              cache: CoverageCache | None = None,
+              demoted: dict[str, str] | None = None) -> PartitionedProgram:
     """Place every op and outline the kernel calls.
 
     Args:
@@ -82,6 +84,8 @@ def partition(imported: ImportedProgram, target: Target,
         target: the compile target (coverage is measured per target).
         policy: fallback policy and forced ops.
         cache: coverage verdict cache (default: on disk, per IREE version).
+        demoted: node name -> reason, for ops that lower alone but broke the
+            whole-program compile (see ``recover``): they become kernel calls.
     Returns:
         PartitionedProgram.
     Raises:
@@ -94,7 +98,7 @@ def partition(imported: ImportedProgram, target: Target,
     if policy.fallback != "all":
         cache = cache or CoverageCache(target)
         ep, verdicts = _decompose_uncovered(ep, target, policy, cache)
-    placements, decided = _place(ep, policy, verdicts)
+    placements, decided = _place(ep, policy, verdicts, demoted or {})
     if policy.fallback == "none":
         bad = [p for p in placements if p.where == KERNEL_CALL]
         if bad:
@@ -108,7 +112,10 @@ def partition(imported: ImportedProgram, target: Target,
     placements = tuple(
         Placement(p.node, p.op, p.where, p.reason, p.location, p.flops,
                   next(keys) if p.where == KERNEL_CALL else None) for p in placements)
-    return PartitionedProgram(imported, target, policy, placements, tuple(specs), str(module))
+    producers = {n.name: tuple(a.name for a in n.all_input_nodes if a.op == "call_function")
+                 for n in _op_nodes(ep)}
+    return PartitionedProgram(imported, target, policy, placements, tuple(specs), str(module),
+                              producers)
 
 
 def _decompose_uncovered(ep, target, policy, cache):
@@ -135,14 +142,19 @@ def _decompose_uncovered(ep, target, policy, cache):
     return ep, probe_nodes(_op_nodes(ep), target, cache)
 
 
-def _place(ep, policy: PlacementPolicy, verdicts: dict[str, Verdict]):
+def _place(ep, policy: PlacementPolicy, verdicts: dict[str, Verdict], demoted: dict[str, str]):
     placements, decided = [], {}
     for n in _op_nodes(ep):
         name = op_name(n.target)
-        if policy.fallback == "all":
+        if not isinstance(n.target, torch._ops.OpOverload):
+            where, why = COMPILED, "symbolic scalar arithmetic (always compiled)"
+        elif policy.fallback == "all":
             where, why = KERNEL_CALL, "fallback='all'"
         elif matches_forced(n.target, policy.fallback_ops):
             where, why = KERNEL_CALL, "forced by fallback_ops"
+        elif n.name in demoted:
+            where, why = KERNEL_CALL, ("lowers alone, but IREE failed on it fused with its "
+                                       f"neighbours: {demoted[n.name]}")
         else:
             v = verdicts[op_signature(n)]
             where, why = (COMPILED, "lowered by IREE") if v.covered else (KERNEL_CALL, v.reason)
@@ -158,8 +170,8 @@ def _rewrite(node, g: torch.fx.Graph, env: dict, decided: dict, specs: list):
     if where != KERNEL_CALL:
         return None
     spec, operands = _kernel_call_spec(node, env, f"call_{len(specs)}", reason)
-    new = g.call_function(kernel_call_op(len(operands), len(spec.results)),
-                          (*operands, len(specs)))
+    ins = "t" * len(spec.inputs) + "".join(spec.scalar_inputs)
+    new = g.call_function(kernel_call_op(ins, spec.out_kinds), (*operands, len(specs)))
     new.meta = dict(node.meta)
     val = node.meta.get("val")
     if isinstance(val, list):
@@ -175,15 +187,34 @@ def _tensor_val(a):
     return a if isinstance(a, torch.Tensor) else None
 
 
+def _scalar_kind(a) -> str | None:
+    """``i``/``f``/``b`` for an FX node holding a run-time scalar, else None."""
+    if not isinstance(a, torch.fx.Node):
+        return None
+    v = a.meta.get("val")
+    if isinstance(v, (torch.SymBool, bool)):
+        return "b"
+    if isinstance(v, (torch.SymInt, int)):
+        return "i"
+    if isinstance(v, (torch.SymFloat, float)):
+        return "f"
+    return None
+
+
 def _kernel_call_spec(node, env, key, reason):
-    """Walk the op's schema with its defaults: tensors become operands, the rest StaticArgs."""
+    """Walk the op's schema with its defaults.
+
+    Tensors become tensor operands, FX nodes holding scalars become run-time
+    scalar operands, everything else is recorded as a StaticArg. Returns the
+    spec and the host function's operands (tensors first, then scalars).
+    """
     target = node.target
     name, loc = op_name(target), node_location(node)
     if not isinstance(target, torch._ops.OpOverload):
         raise UnsupportedOp(f"{target} is not an ATen/library op and cannot be a kernel call",
                             op=name, location=loc)
     schema = target._schema
-    operands, inputs, recorded = [], [], []
+    operands, inputs, recorded, scalars, scalar_kinds = [], [], [], [], []
 
     def add_tensor(a):
         val = _tensor_val(a)
@@ -207,29 +238,48 @@ def _kernel_call_spec(node, env, key, reason):
         elif isinstance(value, (list, tuple)) and any(_tensor_val(v) is not None for v in value):
             recorded.append(TensorListArg(arg.name, tuple(
                 None if v is None else add_tensor(v) for v in value), kw))
+        elif _scalar_kind(value) is not None:
+            scalars.append(env[value])
+            scalar_kinds.append(_scalar_kind(value))
+            recorded.append(ScalarArg(arg.name, len(scalars) - 1, scalar_kinds[-1], kw))
         elif isinstance(value, torch.fx.Node) or _has_node(value):
-            raise UnsupportedOp(f"operand {arg.name!r} is only known at run time "
-                                f"({type(value).__name__}); runtime scalar operands of kernel "
-                                "calls are not supported", op=name, location=loc)
+            raise UnsupportedOp(f"operand {arg.name!r} holds a value only known at run time "
+                                f"that cannot cross into a kernel call ({_describe(value)}); "
+                                "run-time scalars can, lists of them cannot", op=name, location=loc)
         else:
             try:
                 recorded.append(StaticArg(arg.name, str(arg.type), static_values.encode(value), kw))
             except TypeError as e:
                 raise UnsupportedOp(f"operand {arg.name!r}: {e}", op=name, location=loc) from None
-    results = _result_specs(node, name, loc)
+    results, kinds = _result_specs(node, name, loc)
     spec = KernelCallSpec(key, schema.name, target._overloadname, tuple(recorded), results,
-                          loc, reason, tuple(inputs))
-    return spec, operands
+                          loc, reason, tuple(inputs), tuple(scalar_kinds),
+                          "" if kinds == "t" * len(results) else kinds)
+    return spec, operands + scalars
+
+
+def _describe(value) -> str:
+    if isinstance(value, torch.fx.Node):
+        return f"{value.name}: {type(value.meta.get('val')).__name__}"
+    if isinstance(value, (list, tuple)):
+        return "[" + ", ".join(_describe(v) for v in value) + "]"
+    return repr(value)
 
 
 def _has_node(value) -> bool:
     return isinstance(value, (list, tuple)) and any(isinstance(v, torch.fx.Node) for v in value)
 
 
-def _result_specs(node, name, loc) -> tuple[TorchTensor, ...]:
+_RESULT_KINDS = ((torch.SymBool, "b"), (bool, "b"), (torch.SymInt, "i"), (int, "i"),
+                 (torch.SymFloat, "f"), (float, "f"), (torch.Tensor, "t"))
+
+
+def _result_specs(node, name, loc) -> tuple[tuple[TorchTensor, ...], str]:
+    """Tensor result specs and the kind letter of every result."""
     val = node.meta.get("val")
     vals = list(val) if isinstance(val, (list, tuple)) else [val]
-    if not vals or not all(isinstance(v, torch.Tensor) for v in vals):
-        raise UnsupportedOp("only ops returning tensors can be kernel calls "
+    kinds = "".join(next((k for t, k in _RESULT_KINDS if isinstance(v, t)), "?") for v in vals)
+    if not vals or "?" in kinds:
+        raise UnsupportedOp("only ops returning tensors and scalars can be kernel calls "
                             f"(this one returns {type(val).__name__})", op=name, location=loc)
-    return tuple(TorchTensor.from_tensor(v) for v in vals)
+    return tuple(TorchTensor.from_tensor(v) for v in vals if isinstance(v, torch.Tensor)), kinds

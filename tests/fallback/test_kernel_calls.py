@@ -105,3 +105,55 @@ def test_static_nan_round_trip():
 def test_static_unrepresentable_is_rejected():
     with pytest.raises(TypeError, match="cannot record a static value of type object"):
         static_values.encode(object())
+
+
+class RuntimeScalars(torch.nn.Module):
+    """``.item()`` values are only known at run time: they cross kernel calls as scalars."""
+
+    def forward(self, x, n, s):
+        k = n.item()          # SymInt
+        f = s.item()          # SymFloat
+        y = torch.special.i0(x * k)   # i0 is not lowered by IREE: a kernel call
+        return y + f, torch.full((2,), k, dtype=torch.int64) * 3
+
+
+@pytest.mark.parametrize("mode", ["auto", "all"])
+def test_runtime_scalars_cross_kernel_calls(mode):
+    m = RuntimeScalars().eval()
+    x, n, s = torch.randn(4, 5), torch.tensor(3), torch.tensor(0.25)
+    # mul.Tensor forced out: its SymInt operand becomes a host-function scalar.
+    cm = aot.compile(m, (x, n, s), fallback=mode, fallback_ops=["aten.mul.Tensor"])
+    kinds = [o["scalar_kind"] for k in cm.manifest["kernel_calls"]
+             for o in k["operands"] if o["kind"] == "scalar"]
+    assert "i" in kinds
+    if mode == "all":  # item itself runs in ATen and hands back a scalar result
+        assert any(k["result_kinds"] in ("i", "f") for k in cm.manifest["kernel_calls"])
+    # Values differ from the example: the result must follow them, not the baked example.
+    for n2, s2 in [(torch.tensor(3), torch.tensor(0.25)), (torch.tensor(-2), torch.tensor(1.5))]:
+        out, ref = cm(x, n2, s2), m(x, n2, s2)
+        if mode == "all":
+            torch.testing.assert_close(out, ref, rtol=0, atol=0)
+        else:  # f crosses compiled code as f32 (IREE demotes f64): fp32 tolerance
+            torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
+
+
+def test_runtime_scalar_list_operand_is_a_clear_error():
+    class M(torch.nn.Module):
+        def forward(self, x, n):
+            return torch.roll(x, shifts=[n.item()])  # int[] holding a run-time value
+
+    with pytest.raises(aot.UnsupportedOp) as e:
+        aot.compile(M(), (torch.randn(3), torch.tensor(2)), fallback="all")
+    msg = str(e.value)
+    assert "aten.roll" in msg and "run time" in msg and "test_kernel_calls.py" in msg
+
+
+def test_data_dependent_output_shape_is_a_clear_error():
+    class M(torch.nn.Module):
+        def forward(self, x, n):
+            k = n.item()
+            torch._check(k > 0)
+            return torch.zeros(k, 2) + x.sum()
+
+    with pytest.raises(aot.UnsupportedOp, match="data-dependent shape"):
+        aot.compile(M(), (torch.randn(3), torch.tensor(2)))
