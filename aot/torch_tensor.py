@@ -28,6 +28,8 @@ _DTYPES: dict[str, torch.dtype] = {
     "quint8": torch.quint8, "qint8": torch.qint8, "qint32": torch.qint32,
 }
 _NAMES: dict[torch.dtype, str] = {v: k for k, v in _DTYPES.items()}
+# A quantized tensor crosses into compiled code as its integer representation.
+_STORAGE: dict[str, str] = {"quint8": "uint8", "qint8": "int8", "qint32": "int32"}
 
 
 def dtype_name(dtype: torch.dtype) -> str:
@@ -150,6 +152,36 @@ class TorchTensor:
         if len(self.shape) == 4 and _same_layout(self, torch.channels_last):
             return "channels_last"
         return "strided"
+
+    @property
+    def storage_dtype(self) -> str:
+        """What compiled code holds: ``uint8`` for ``quint8`` and so on; else the dtype."""
+        return _STORAGE.get(self.dtype, self.dtype)
+
+    def to_storage(self, t: torch.Tensor, name: str = "tensor") -> torch.Tensor:
+        """ATen tensor -> the buffer compiled code sees (quantized: its int_repr).
+
+        Raises InputMismatch when ``t``'s quantization parameters are not the
+        ones this spec was compiled with.
+        """
+        if self.qparams is None:
+            return t
+        got = QuantParams.from_tensor(t) if t.is_quantized else None
+        if got != self.qparams:
+            raise InputMismatch(f"{name}: quantization parameters mismatch: expected "
+                                f"{self.qparams}, got {got}")
+        return t.int_repr()
+
+    def from_storage(self, t: torch.Tensor) -> torch.Tensor:
+        """Integer buffer -> the quantized tensor ATen expects (no copy of the data)."""
+        q = self.qparams
+        if q is None:
+            return t
+        if q.scheme == "per_tensor_affine":
+            return torch._make_per_tensor_quantized_tensor(t, q.scale, q.zero_point)
+        scales = torch.tensor(q.scale, dtype=torch.float64, device=t.device)
+        zps = torch.tensor(q.zero_point, dtype=torch.int64, device=t.device)
+        return torch._make_per_channel_quantized_tensor(t, scales, zps, q.axis)
 
     def dense(self) -> "TorchTensor":
         """The same tensor laid out row-major, as compiled code holds it."""

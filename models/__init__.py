@@ -28,8 +28,13 @@ def _unlowerable():
     return unlowerable_model()
 
 
+def _quantized_resnet18():
+    from .quantized_resnet18 import quantized_resnet18
+    return quantized_resnet18()
+
+
 MODELS = {"resnet18": _resnet18, "bert": _bert, "custom_op": _custom_op,
-          "unlowerable": _unlowerable}
+          "unlowerable": _unlowerable, "quantized_resnet18": _quantized_resnet18}
 
 
 def get(name: str):

@@ -17,9 +17,11 @@ from dataclasses import dataclass, field
 import torch
 import iree.runtime as rt
 
-from ..errors import ArtifactError, KernelCallFailed
+from ..errors import ArtifactError, InputMismatch, KernelCallFailed
 from ..runtime.device import buffer_view_to_torch, torch_to_buffer_view
-from .spec import HOST_MODULE, KernelCallSpec, resolve_op
+from ..torch_tensor import dtype_from_name
+from .quantized_ops import PREPACKED
+from .spec import HOST_MODULE, KernelCallSpec, StaticArg, TensorArg, resolve_op
 
 __all__ = ["HostModule", "make_host_module", "HOST_MODULE"]
 log = logging.getLogger(__name__)
@@ -53,6 +55,12 @@ class _KernelCall:
         except LookupError as e:
             raise ArtifactError(f"kernel call {spec.key}: {e}", op=spec.qualified_name,
                                 location=spec.location) from None
+        if spec.op in PREPACKED:
+            needs, site = PREPACKED[spec.op]
+            const = {o.name for o in spec.operands
+                     if (isinstance(o, TensorArg) and o.constant) or isinstance(o, StaticArg)}
+            if all(n in const for n in needs):
+                self.op = site()  # weights packed on the first call, not on every call
         self.torch_device = torch.device("cpu") if driver.startswith("local") else torch.device("cuda")
 
     def __call__(self, *refs):
@@ -65,8 +73,10 @@ class _KernelCall:
     def _run(self, refs):
         self.host.calls += 1
         n = len(self.spec.inputs)
-        tensors = [buffer_view_to_torch(self.device, r.deref(rt.HalBufferView), self.driver)
-                   for r in refs[:n]]
+        raw = [buffer_view_to_torch(self.device, r.deref(rt.HalBufferView), self.driver)
+               for r in refs[:n]]
+        # quantized operands: real quantized tensors over the same memory
+        tensors = [s.from_storage(t) for s, t in zip(self.spec.inputs, raw)]
         args, kwargs = self.spec.bind(tensors, self.torch_device, refs[n:])
         try:
             out = self.op(*args, **kwargs)
@@ -78,7 +88,7 @@ class _KernelCall:
         if len(outs) != len(kinds):
             raise KernelCallFailed(f"ATen returned {len(outs)} value(s), compiled for {len(kinds)}",
                                    op=self.spec.qualified_name, location=self.spec.location)
-        in_ptrs = {_storage_ptr(t) for t in tensors}
+        in_ptrs = {_storage_ptr(t) for t in raw}
         tensor_specs = iter(self.spec.results)
         vals = []
         for i, (r, kind) in enumerate(zip(outs, kinds)):
@@ -89,8 +99,15 @@ class _KernelCall:
         return vals[0] if len(vals) == 1 else tuple(vals)
 
     def _tensor_result(self, i: int, r, want, in_ptrs):
+        if isinstance(r, torch.Tensor) and want.qparams is not None and r.is_quantized:
+            # a quantized result is taken apart; its qparams must be the compiled ones
+            try:
+                r = want.to_storage(r, f"result {i}")
+            except InputMismatch as e:
+                raise KernelCallFailed(e.message, op=self.spec.qualified_name,
+                                       location=self.spec.location) from None
         if not isinstance(r, torch.Tensor) or tuple(r.shape) != want.shape \
-                or r.dtype != want.torch_dtype:
+                or r.dtype not in (want.torch_dtype, dtype_from_name(want.storage_dtype)):
             got = f"{r.dtype}{list(r.shape)}" if isinstance(r, torch.Tensor) else type(r).__name__
             raise KernelCallFailed(
                 f"result {i} is {got}, compiled for {want.dtype}{list(want.shape)}",

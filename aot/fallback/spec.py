@@ -34,6 +34,7 @@ class TensorArg:
     index: int
     spec: TorchTensor
     kwarg_only: bool = False
+    constant: bool = False  # a weight baked into the program: the same buffer every call
 
 
 @dataclass(frozen=True)
@@ -156,7 +157,7 @@ class KernelCallSpec:
         for o in self.operands:
             if isinstance(o, TensorArg):
                 ops.append({"kind": "tensor", "name": o.name, "index": o.index,
-                            "kwarg_only": o.kwarg_only})
+                            "kwarg_only": o.kwarg_only, "constant": o.constant})
             elif isinstance(o, TensorListArg):
                 ops.append({"kind": "tensor_list", "name": o.name, "indices": list(o.indices),
                             "kwarg_only": o.kwarg_only})
@@ -178,7 +179,8 @@ class KernelCallSpec:
         operands: list[Operand] = []
         for o in d["operands"]:
             if o["kind"] == "tensor":
-                operands.append(TensorArg(o["name"], o["index"], inputs[o["index"]], o["kwarg_only"]))
+                operands.append(TensorArg(o["name"], o["index"], inputs[o["index"]], o["kwarg_only"],
+                                          o.get("constant", False)))
             elif o["kind"] == "tensor_list":
                 operands.append(TensorListArg(o["name"], tuple(o["indices"]), o["kwarg_only"]))
             elif o["kind"] == "scalar":

@@ -19,6 +19,7 @@ from ..errors import ExportFailed, UnsupportedOp
 from ..fallback import static_values
 from ..torch_tensor import TorchTensor
 from .locations import node_location
+from .quantized import is_eager_quantized, rewrite_eager_quantized
 
 __all__ = ["ImportOptions", "ImportedProgram", "import_model"]
 log = logging.getLogger(__name__)
@@ -87,14 +88,23 @@ def import_model(model: torch.nn.Module, args: tuple, kwargs: dict | None = None
     if not isinstance(args, tuple):
         args = tuple(args) if isinstance(args, list) else (args,)
     kwargs = dict(kwargs or {})
-    ep = _export(model, args, kwargs, options)
+    name = type(model).__name__
+    boundary = None
+    if is_eager_quantized(model):
+        log.info("rewriting eager-mode quantized %s into aot_q ops", name)
+        model, args, kwargs, boundary = rewrite_eager_quantized(model, args, kwargs)
+    ep = _export(model, args, kwargs, options, name)
     _check_functional(ep)
     flat, _ = pytree.tree_flatten((args, kwargs))
     flat_inputs = tuple(TorchTensor.from_tensor(x) if isinstance(x, torch.Tensor)
                         else ("static", static_values.encode(x)) for x in flat)
     outputs = _output_specs(ep)
+    if boundary is not None:  # quantized inputs/outputs keep their dtype and qparams
+        flat_inputs = tuple(b if isinstance(b, TorchTensor) else f
+                            for f, b in zip(flat_inputs, boundary.inputs))
+        outputs = boundary.outputs
     return ImportedProgram(ep, flat_inputs, outputs, ep.call_spec.in_spec, ep.call_spec.out_spec,
-                           name=type(model).__name__, input_names=_input_names(args, kwargs))
+                           name=name, input_names=_input_names(args, kwargs))
 
 
 def _input_names(args, kwargs) -> tuple[str, ...]:
@@ -107,14 +117,14 @@ def _input_names(args, kwargs) -> tuple[str, ...]:
     return tuple(names)
 
 
-def _export(model, args, kwargs, options) -> torch.export.ExportedProgram:
+def _export(model, args, kwargs, options, name) -> torch.export.ExportedProgram:
     try:
         ep = torch.export.export(model, args, kwargs, strict=options.strict)
     except Exception as e:  # torch raises many types here; all are the user's model
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         hint = ("try strict=False" if options.strict else
                 "try strict=True, or rewrite data-dependent Python control flow with torch.cond")
-        raise ExportFailed(f"torch.export could not capture {type(model).__name__}: "
+        raise ExportFailed(f"torch.export could not capture {name}: "
                            f"{type(e).__name__}: {first} ({hint})") from e
     try:
         # Functional ATen with no decompositions beyond export's own: what

@@ -29,7 +29,7 @@ _ELEMENT = {"float32": "f32", "float64": "f64", "float16": "f16", "bfloat16": "b
 def builtin_tensor_type(spec: TorchTensor) -> str:
     """``tensor<1x3xf32>`` for a TorchTensor (the dense buffer compiled code sees)."""
     try:
-        elem = _ELEMENT[spec.dtype]
+        elem = _ELEMENT[spec.storage_dtype]  # quantized: its integer representation
     except KeyError:
         raise InternalError(f"no builtin element type for {spec.dtype}") from None
     dims = "".join(f"{d}x" for d in spec.shape)

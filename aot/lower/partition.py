@@ -17,12 +17,13 @@ import torch.fx
 
 from ..errors import UnsupportedOp
 from ..fallback import static_values
+from ..fallback.quantized_ops import QUANT_OPERANDS
 from ..fallback.spec import KernelCallSpec, ScalarArg, StaticArg, TensorArg, TensorListArg
 from ..importer.decompositions import decomposition_for
 from ..importer.fx_import import DROP, import_graph, stateless_graph
 from ..importer.locations import node_location
 from ..importer.program import ImportedProgram
-from ..torch_tensor import TorchTensor
+from ..torch_tensor import QuantParams, TorchTensor
 from .coverage import CoverageCache, Verdict, op_signature, probe_nodes
 from .flops import node_flops
 from .kernel_call_op import kernel_call_op
@@ -222,6 +223,9 @@ def _kernel_call_spec(node, env, key, reason):
         inputs.append(TorchTensor.from_tensor(val).dense())
         return len(operands) - 1
 
+    def is_constant(a):  # parameters and buffers are inlined as tensors by stateless_graph
+        return not isinstance(env[a] if isinstance(a, torch.fx.Node) else a, torch.fx.Node)
+
     for i, arg in enumerate(schema.arguments):
         if i < len(node.args):
             value = node.args[i]
@@ -234,7 +238,7 @@ def _kernel_call_spec(node, env, key, reason):
         kw = arg.kwarg_only
         if _tensor_val(value) is not None:
             idx = add_tensor(value)
-            recorded.append(TensorArg(arg.name, idx, inputs[idx], kw))
+            recorded.append(TensorArg(arg.name, idx, inputs[idx], kw, is_constant(value)))
         elif isinstance(value, (list, tuple)) and any(_tensor_val(v) is not None for v in value):
             recorded.append(TensorListArg(arg.name, tuple(
                 None if v is None else add_tensor(v) for v in value), kw))
@@ -252,10 +256,41 @@ def _kernel_call_spec(node, env, key, reason):
             except TypeError as e:
                 raise UnsupportedOp(f"operand {arg.name!r}: {e}", op=name, location=loc) from None
     results, kinds = _result_specs(node, name, loc)
+    recorded, inputs, results = quantized_boundary(schema.name, recorded, inputs, results)
     spec = KernelCallSpec(key, schema.name, target._overloadname, tuple(recorded), results,
                           loc, reason, tuple(inputs), tuple(scalar_kinds),
                           "" if kinds == "t" * len(results) else kinds)
     return spec, operands + scalars
+
+
+def quantized_boundary(op: str, recorded: list, inputs: list, results: tuple):
+    """Give the quantized operands/results of an ``aot_q`` op their ``quint8`` specs.
+
+    The op's activations are integer storage with static qparams in other
+    operands; across the kernel call they become real quantized tensors (the
+    executor rebuilds them from the spec), so ATen sees what it saw in eager.
+    """
+    q = QUANT_OPERANDS.get(op)
+    if q is None:
+        return recorded, inputs, results
+    static = {o.name: static_values.decode(o.value) for o in recorded if isinstance(o, StaticArg)}
+
+    def qspec(t: TorchTensor, names) -> TorchTensor:
+        if names[0] not in static or names[1] not in static:
+            return t  # a run-time scale: stays integer storage
+        return TorchTensor("quint8", t.shape, t.strides,
+                           QuantParams("per_tensor_affine", float(static[names[0]]),
+                                       int(static[names[1]])))
+
+    inputs, new = list(inputs), []
+    for o in recorded:
+        if isinstance(o, TensorArg) and o.name in q.inputs:
+            inputs[o.index] = qspec(inputs[o.index], q.inputs[o.name])
+            o = TensorArg(o.name, o.index, inputs[o.index], o.kwarg_only, o.constant)
+        new.append(o)
+    if q.result is not None:
+        results = tuple(qspec(r, q.result) for r in results)
+    return new, inputs, results
 
 
 def _describe(value) -> str:

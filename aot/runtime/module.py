@@ -99,7 +99,9 @@ class CompiledModule:
                     raise InputMismatch(f"{name}: expected a tensor on {self.torch_device.type} "
                                         f"(module compiled for {self.manifest['target']}), got "
                                         f"one on {leaf.device}")
-                dense = leaf.contiguous()  # a copy only for a non-row-major spec (recorded)
+                # quantized: its integer representation (qparams checked above);
+                # .contiguous() copies only for a non-row-major spec (recorded).
+                dense = want.to_storage(leaf, name).contiguous()
                 keep.append(dense)
                 arg_list.push_ref(torch_to_buffer_view(self.device, dense, name).ref)
             else:
@@ -126,11 +128,11 @@ class CompiledModule:
     def _output(self, results, i: int, spec: TorchTensor) -> torch.Tensor:
         bv = results.get_as_object(i, rt.HalBufferView)
         t = buffer_view_to_torch(self.device, bv, self.driver)
-        if spec.is_contiguous:
-            return t
-        # Give back the layout eager returns (e.g. channels-last or a transpose).
-        out = torch.empty_strided(spec.shape, spec.strides, dtype=t.dtype, device=t.device)
-        return out.copy_(t)
+        if not spec.is_contiguous:
+            # Give back the layout eager returns (e.g. channels-last or a transpose).
+            out = torch.empty_strided(spec.shape, spec.strides, dtype=t.dtype, device=t.device)
+            t = out.copy_(t)
+        return spec.from_storage(t)  # quantized outputs: the qparams eager returns
 
     def _structure_error(self, args, kwargs) -> str:
         want_args, want_kwargs = pytree.tree_unflatten(list(range(len(self.inputs))), self.in_spec)
