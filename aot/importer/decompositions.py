@@ -32,6 +32,7 @@ def register_decomposition(op: torch._ops.OpOverload):
 
 def decomposition_for(op) -> Callable | None:
     """Our decomposition if we have one, else torch's (if functional), else None."""
+    from . import int8_decompositions  # noqa: F401  (registers the aot_q lowerings)
     if op in IREE_DECOMPOSITIONS:
         return IREE_DECOMPOSITIONS[op]
     from torch._decomp import decomposition_table

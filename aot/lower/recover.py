@@ -48,10 +48,15 @@ def blame(diag: str, asm: str, placements: Sequence[Placement]) -> dict[str, str
         index = sum(1 for line in lines[:lineno - 1] if _OP.search(line)
                     and _OP.search(line).group(1) == mlir_name)
         same = [p for p in placements if p.where == COMPILED
-                and f"torch.{p.op}" == mlir_name]
+                and _mlir_name(p.op) == mlir_name]
         if index < len(same) and same[index].node not in blamed:
             blamed[same[index].node] = reason
     return blamed
+
+
+def _mlir_name(op: str) -> str:
+    """``aten.view.default`` -> ``torch.aten.view`` (the importer drops ``.default``)."""
+    return "torch." + op.removesuffix(".default")
 
 
 def grow(blamed: dict[str, str], placements: Sequence[Placement],

@@ -1,0 +1,105 @@
+"""``aot_q`` ops as integer arithmetic IREE compiles (the "compiled int8" mode).
+
+Registered into ``IREE_DECOMPOSITIONS``: the partitioner decomposes an ``aot_q``
+op when IREE does not know it (always) unless the user forces it to ATen with
+``fallback_ops=["aot_q.conv2d", ...]``. The math mirrors ATen's x86/fbgemm
+kernels: activations minus zero point times int8 weights accumulate in int32;
+requantization is ``round((acc + bias / (sx * sw)) * (sx * sw / so)) + zo`` in
+float32 with round-half-to-even, clamped to ``[0, 255]`` (``[zo, 255]`` with a
+fused ReLU). Results agree with ATen to within one quantization step (ATen
+rounds some products in a different order); the tests measure how often.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from ..fallback import quantized_ops  # noqa: F401  (defines torch.ops.aot_q)
+from .decompositions import register_decomposition
+
+__all__: list[str] = []
+aot_q = torch.ops.aot_q
+_QMAX = 255
+
+
+def _requantize(y: torch.Tensor, zp: int, relu: bool) -> torch.Tensor:
+    return (torch.round(y) + zp).clamp(zp if relu else 0, _QMAX).to(torch.uint8)
+
+
+def _centered(x: torch.Tensor, zp) -> torch.Tensor:
+    return x.to(torch.int32) - zp
+
+
+def _out_scale(acc, x_scale, w_scales, bias, out_scale, shape):
+    act_w = (w_scales.to(torch.float32) * x_scale).reshape(shape)
+    y = acc.to(torch.float32)
+    if bias is not None:
+        y = y + bias.to(torch.float32).reshape(shape) / act_w
+    return y * (act_w / out_scale)
+
+
+@register_decomposition(aot_q.quantize.default)
+def _quantize(x, scale, zero_point):
+    return _requantize(x * (1.0 / scale), zero_point, False)
+
+
+@register_decomposition(aot_q.dequantize.default)
+def _dequantize(x, scale, zero_point):
+    return (x.to(torch.float32) - zero_point) * scale
+
+
+@register_decomposition(aot_q.conv2d.default)
+def _conv2d(x, w, w_scales, w_zero_points, axis, bias, stride, padding, dilation, groups,
+            x_scale, x_zero_point, out_scale, out_zero_point, relu):
+    wi = w.to(torch.int32) - w_zero_points.to(torch.int32).reshape(-1, 1, 1, 1)
+    if tuple(w.shape[2:]) == (1, 1) and not any(padding) and groups == 1:
+        # A 1x1 conv is a matmul over the (subsampled) pixels. Subsample the uint8
+        # input before widening it: IREE 3.13's llvm-cpu puts a strided slice of a
+        # widened tensor on the stack (megabytes) and fails.
+        xs = _centered(x[:, :, ::stride[0], ::stride[1]], x_zero_point)
+        n, c, h, wd = xs.shape
+        rows = xs.permute(0, 2, 3, 1).reshape(n * h * wd, c)
+        acc = torch.matmul(rows, wi.reshape(wi.shape[0], c).t())
+        acc = acc.reshape(n, h, wd, -1).permute(0, 3, 1, 2)
+    else:
+        acc = torch.ops.aten.convolution(_centered(x, x_zero_point), wi, None, stride, padding, dilation, False,
+                                         [0, 0], groups)
+    y = _out_scale(acc, x_scale, w_scales, bias, out_scale, (1, -1, 1, 1))
+    return _requantize(y, out_zero_point, relu)
+
+
+@register_decomposition(aot_q.linear.default)
+def _linear(x, w, w_scales, w_zero_points, axis, bias, x_scale, x_zero_point, out_scale,
+            out_zero_point, relu):
+    wi = w.to(torch.int32) - w_zero_points.to(torch.int32).reshape(-1, 1)
+    xi = _centered(x, x_zero_point)
+    acc = torch.matmul(xi.reshape(-1, xi.shape[-1]), wi.t())
+    y = _out_scale(acc, x_scale, w_scales, bias, out_scale, (1, -1))
+    return _requantize(y, out_zero_point, relu).reshape(*x.shape[:-1], w.shape[0])
+
+
+@register_decomposition(aot_q.add.default)
+def _add(a, a_scale, a_zero_point, b, b_scale, b_zero_point, out_scale, out_zero_point, relu):
+    y = _dequantize(a, a_scale, a_zero_point) + _dequantize(b, b_scale, b_zero_point)
+    return _requantize(y * (1.0 / out_scale), out_zero_point, relu)
+
+
+@register_decomposition(aot_q.cat.default)
+def _cat(xs, scales, zero_points, dim, out_scale, out_zero_point):
+    y = torch.cat([_dequantize(x, s, z) for x, s, z in zip(xs, scales, zero_points)], dim)
+    return _requantize(y * (1.0 / out_scale), out_zero_point, False)
+
+
+@register_decomposition(aot_q.max_pool2d.default)
+def _max_pool2d(x, scale, zero_point, kernel_size, stride, padding, dilation, ceil_mode):
+    # max commutes with the (increasing) dequantization: pool the integers themselves
+    y = F.max_pool2d(x.to(torch.float32), kernel_size, stride or None, padding, dilation,
+                     ceil_mode)
+    return y.to(torch.uint8)
+
+
+@register_decomposition(aot_q.adaptive_avg_pool2d.default)
+def _adaptive_avg_pool2d(x, scale, zero_point, output_size):
+    y = F.adaptive_avg_pool2d(x.to(torch.float32), output_size)
+    return _requantize(y, 0, False)
