@@ -18,7 +18,7 @@ import torch
 import iree.runtime as rt
 
 from ..errors import ArtifactError, InputMismatch, KernelCallFailed
-from ..runtime.device import buffer_view_to_torch, torch_to_buffer_view
+from ..runtime.device import as_storage, buffer_view_to_torch, torch_to_buffer_view
 from ..torch_tensor import dtype_from_name
 from .quantized_ops import PREPACKED
 from .spec import HOST_MODULE, KernelCallSpec, StaticArg, TensorArg, resolve_op
@@ -73,8 +73,9 @@ class _KernelCall:
     def _run(self, refs):
         self.host.calls += 1
         n = len(self.spec.inputs)
-        raw = [buffer_view_to_torch(self.device, r.deref(rt.HalBufferView), self.driver)
-               for r in refs[:n]]
+        raw = [as_storage(buffer_view_to_torch(self.device, r.deref(rt.HalBufferView), self.driver),
+                          dtype_from_name(s.storage_dtype))
+               for r, s in zip(refs[:n], self.spec.inputs)]
         # quantized operands: real quantized tensors over the same memory
         tensors = [s.from_storage(t) for s, t in zip(self.spec.inputs, raw)]
         args, kwargs = self.spec.bind(tensors, self.torch_device, refs[n:])

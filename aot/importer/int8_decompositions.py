@@ -103,3 +103,36 @@ def _max_pool2d(x, scale, zero_point, kernel_size, stride, padding, dilation, ce
 def _adaptive_avg_pool2d(x, scale, zero_point, output_size):
     y = F.adaptive_avg_pool2d(x.to(torch.float32), output_size)
     return _requantize(y, 0, False)
+
+
+def _register_pt2e() -> None:
+    """PT2E's ``quantized_decomposed`` Q/DQ ops (integer tensors, static qparams)."""
+    try:
+        import torch.ao.quantization.fx._decomposed  # noqa: F401  (defines the ops)
+        qd = torch.ops.quantized_decomposed
+        q_t, dq_t = qd.quantize_per_tensor.default, qd.dequantize_per_tensor.default
+        dq_c = qd.dequantize_per_channel.default
+    except (ImportError, AttributeError, RuntimeError):
+        return
+
+    @register_decomposition(q_t)
+    def _q_per_tensor(x, scale, zero_point, quant_min, quant_max, dtype):
+        y = torch.round(x.to(torch.float32) * (1.0 / scale)) + zero_point
+        return y.clamp(quant_min, quant_max).to(dtype)
+
+    @register_decomposition(dq_t)
+    def _dq_per_tensor(x, scale, zero_point, quant_min, quant_max, dtype, *, out_dtype=None):
+        y = (x.to(torch.float32) - zero_point) * scale
+        return y if out_dtype is None else y.to(out_dtype)
+
+    @register_decomposition(dq_c)
+    def _dq_per_channel(x, scales, zero_points, axis, quant_min, quant_max, dtype, *,
+                        out_dtype=None):
+        shape = [1] * x.dim()
+        shape[axis] = -1
+        y = (x.to(torch.float32) - zero_points.reshape(shape).to(torch.float32)) \
+            * scales.reshape(shape).to(torch.float32)
+        return y if out_dtype is None else y.to(out_dtype)
+
+
+_register_pt2e()

@@ -19,6 +19,7 @@ from ..errors import ExportFailed, UnsupportedOp
 from ..fallback import static_values
 from ..torch_tensor import TorchTensor
 from .locations import node_location
+from .qdq import rewrite_qdq
 from .quantized import is_eager_quantized, rewrite_eager_quantized
 
 __all__ = ["ImportOptions", "ImportedProgram", "import_model"]
@@ -93,7 +94,7 @@ def import_model(model: torch.nn.Module, args: tuple, kwargs: dict | None = None
     if is_eager_quantized(model):
         log.info("rewriting eager-mode quantized %s into aot_q ops", name)
         model, args, kwargs, boundary = rewrite_eager_quantized(model, args, kwargs)
-    ep = _export(model, args, kwargs, options, name)
+    ep = rewrite_qdq(_export(model, args, kwargs, options, name))
     _check_functional(ep)
     flat, _ = pytree.tree_flatten((args, kwargs))
     flat_inputs = tuple(TorchTensor.from_tensor(x) if isinstance(x, torch.Tensor)

@@ -308,7 +308,13 @@ def rewrite_eager_quantized(model: torch.nn.Module, args: tuple, kwargs: dict):
                 _set(int_model, path, new)
                 replaced.append(path)
         int_args, int_kwargs = _to_storage(args), _to_storage(kwargs)
-        got = int_model(*int_args, **int_kwargs)
+        try:
+            got = int_model(*int_args, **int_kwargs)
+        except Exception as e:  # an op the rewrite does not model, applied to integers
+            raise UnsupportedOp(
+                f"the rewritten quantized model fails on the example inputs ({type(e).__name__}: "
+                f"{str(e).strip().splitlines()[0] if str(e).strip() else ''}): the model applies an "
+                "operation to quantized tensors that the quantized importer does not model") from e
     ref_leaves, got_leaves = pytree.tree_leaves(ref), pytree.tree_leaves(got)
     for i, (r, g) in enumerate(zip(ref_leaves, got_leaves)):
         want = r.int_repr() if r.is_quantized else r

@@ -22,12 +22,16 @@ __all__ = ["HOST_MODULE", "outline_kernel_calls", "builtin_tensor_type"]
 
 
 _ELEMENT = {"float32": "f32", "float64": "f64", "float16": "f16", "bfloat16": "bf16",
-            "bool": "i1", "int8": "i8", "uint8": "ui8", "int16": "i16", "int32": "i32",
+            "bool": "i1", "int8": "i8", "uint8": "i8", "int16": "i16", "int32": "i32",
             "int64": "i64", "complex64": "complex<f32>"}
 
 
 def builtin_tensor_type(spec: TorchTensor) -> str:
-    """``tensor<1x3xf32>`` for a TorchTensor (the dense buffer compiled code sees)."""
+    """``tensor<1x3xf32>`` for a TorchTensor (the dense buffer compiled code sees).
+
+    Builtin integer types are signless, as torch-mlir's backend types are: a
+    ``uint8`` tensor crosses as ``i8`` (the executor reinterprets the bytes).
+    """
     try:
         elem = _ELEMENT[spec.storage_dtype]  # quantized: its integer representation
     except KeyError:

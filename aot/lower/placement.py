@@ -32,9 +32,14 @@ class PlacementPolicy:
             raise UnsupportedOp(f"fallback={self.fallback!r} is not a policy; choose one of "
                                 f"{', '.join(POLICIES)}", stage="options")
         for name in self.fallback_ops:
-            if not isinstance(name, str) or "." not in name:
+            if not isinstance(name, str) or not name or " " in name:
                 raise UnsupportedOp(f"fallback_ops entry {name!r} should name an op like "
-                                    "'aten.layer_norm' or 'aten.add.Tensor'", stage="options")
+                                    "'aten.layer_norm' or 'aten.add.Tensor', or a whole "
+                                    "namespace like 'aot_q'", stage="options")
+            if "." not in name and not _is_namespace(name):
+                raise UnsupportedOp(f"fallback_ops entry {name!r} is neither an op "
+                                    "('aten.layer_norm') nor a registered op namespace",
+                                    stage="options")
 
     @staticmethod
     def make(fallback: str, fallback_ops) -> "PlacementPolicy":
@@ -71,8 +76,16 @@ def op_name(target) -> str:
     return str(target)
 
 
+def _is_namespace(name: str) -> bool:
+    if name == "aot_q":
+        from ..fallback import quantized_ops  # noqa: F401  (registers the namespace)
+    prefix = name + "::"
+    return any(s.name.startswith(prefix) for s in torch._C._jit_get_all_schemas())
+
+
 def matches_forced(target, forced: tuple[str, ...]) -> bool:
-    """``aten.layer_norm`` matches every overload; ``aten.add.Tensor`` only that one."""
+    """``aten.layer_norm`` matches every overload; ``aten.add.Tensor`` only that one;
+    a bare namespace (``aot_q``) every op in it."""
     full = op_name(target)
     packet = full.rsplit(".", 1)[0]
-    return full in forced or packet in forced
+    return full in forced or packet in forced or full.split(".", 1)[0] in forced

@@ -47,3 +47,10 @@ def torch_to_buffer_view(device: "rt.HalDevice", t: torch.Tensor, name: str) -> 
 def buffer_view_to_torch(device: "rt.HalDevice", bv: "rt.HalBufferView", driver: str) -> torch.Tensor:
     """A torch tensor over an IREE buffer view's memory (no copy)."""
     return torch.from_dlpack(device.create_dlpack_capsule(bv, DLPACK_DEVICE[driver], 0))
+
+
+def as_storage(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """Reinterpret a buffer IREE typed signless (``i8``) as the dtype the spec says (``uint8``)."""
+    if t.dtype == dtype or t.element_size() != torch.empty((), dtype=dtype).element_size():
+        return t
+    return t.view(dtype)

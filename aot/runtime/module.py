@@ -20,8 +20,8 @@ from ..errors import AotError, ArtifactError, InputMismatch, KernelCallFailed
 from ..fallback import static_values
 from ..fallback.executor import make_host_module
 from ..fallback.spec import KernelCallSpec
-from ..torch_tensor import TorchTensor
-from .device import buffer_view_to_torch, get_device, torch_to_buffer_view
+from ..torch_tensor import TorchTensor, dtype_from_name
+from .device import as_storage, buffer_view_to_torch, get_device, torch_to_buffer_view
 
 __all__ = ["CompiledModule", "load"]
 log = logging.getLogger(__name__)
@@ -127,7 +127,8 @@ class CompiledModule:
 
     def _output(self, results, i: int, spec: TorchTensor) -> torch.Tensor:
         bv = results.get_as_object(i, rt.HalBufferView)
-        t = buffer_view_to_torch(self.device, bv, self.driver)
+        t = as_storage(buffer_view_to_torch(self.device, bv, self.driver),
+                       dtype_from_name(spec.storage_dtype))
         if not spec.is_contiguous:
             # Give back the layout eager returns (e.g. channels-last or a transpose).
             out = torch.empty_strided(spec.shape, spec.strides, dtype=t.dtype, device=t.device)

@@ -1,13 +1,17 @@
-"""Compiled int8 vs eager quantized ResNet18: how closely do they agree?
+"""Quantized ResNet18: agreement with eager quantized PyTorch, and latency.
 
-Usage: python benchmarks/quantized_agreement.py [--backend x86|fbgemm|qnnpack]
-       [--inputs 200] [--batch 8]
+Usage: python benchmarks/quantized_resnet18.py [--backend x86|fbgemm|qnnpack]
+       [--inputs 200] [--batch 8] [--runs 20]
 
-Compiles the quantized ResNet18 once with ``fallback="auto"`` (int8 compiled by
-IREE) and once with every ``aot_q`` op forced to ATen, runs ``--inputs`` random
-images through eager and both, and prints: the share of output elements within
-one quantization step of eager (the output scale), the largest difference in
-steps, and the share of inputs whose top-1 class matches eager.
+Agreement: compiles the quantized ResNet18 with ``fallback="auto"`` (int8
+compiled by IREE) and with every ``aot_q`` op forced to ATen, runs ``--inputs``
+random images through eager and both, and prints the share of output elements
+within one quantization step of eager (the output scale), the largest
+difference in steps, and the share of inputs whose top-1 class matches eager.
+
+Latency (batch 1, interleaved in one process, medians of ``--runs``): fp32
+eager, int8 eager (the backend's engine), ours compiled int8, ours ATen fallback.
+Not a test: numbers depend on the machine, which is printed.
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ from __future__ import annotations
 import argparse
 import os
 import platform
+import statistics
 import sys
 import time
 
@@ -44,11 +49,27 @@ def agreement(model, compiled, inputs, step: float) -> dict:
             "inputs": n}
 
 
+def latency(systems: dict, x, runs: int) -> dict[str, float]:
+    """Median ms per system, calls interleaved so drift hits every system alike."""
+    times = {k: [] for k in systems}
+    with torch.no_grad():
+        for f in systems.values():
+            for _ in range(3):
+                f(x)
+        for _ in range(runs):
+            for k, f in systems.items():
+                t = time.perf_counter()
+                f(x)
+                times[k].append(time.perf_counter() - t)
+    return {k: statistics.median(v) * 1e3 for k, v in times.items()}
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--backend", default="x86")
     ap.add_argument("--inputs", type=int, default=200)
     ap.add_argument("--batch", type=int, default=8)
+    ap.add_argument("--runs", type=int, default=20)
     a = ap.parse_args(argv)
     model, (x,) = quantized_resnet18(a.backend, batch=a.batch)
     step = float(model.fc.scale)
@@ -65,6 +86,19 @@ def main(argv=None) -> int:
         print(f"{name:14s} compile {secs:5.1f}s  within one step {100 * r['within_one_step']:.3f}%"
               f"  max {r['max_steps']:.2f} steps  top-1 agree {100 * r['top1_agree']:.1f}% "
               f"({r['inputs']} inputs)")
+
+    import models
+    fp32, (x1,) = models.get("resnet18")
+    q1, _ = quantized_resnet18(a.backend, batch=1)
+    systems = {"fp32 eager": fp32, f"int8 eager ({torch.backends.quantized.engine})": q1,
+               "aot int8 compiled": aot.compile(q1, (x1,)),
+               "aot int8 ATen fallback": aot.compile(q1, (x1,), fallback_ops=AOT_Q_OPS)}
+    ms = latency(systems, x1, a.runs)
+    base = ms[f"int8 eager ({torch.backends.quantized.engine})"]
+    print(f"latency, ResNet18 batch 1, median of {a.runs} (interleaved), "
+          f"{torch.get_num_threads()} threads:")
+    for k, v in ms.items():
+        print(f"  {k:26s} {v:8.2f} ms   speed vs int8 eager {base / v:.2f}x")
     return 0
 
 

@@ -1,0 +1,243 @@
+"""Quantized models: the eager-quantized ResNet18 round trip and the TorchTensor boundary.
+
+Two modes against eager quantized PyTorch:
+- ATen fallback (every ``aot_q`` op forced to ATen's quantized kernels): bit-exact;
+- compiled int8 (default): within one quantization step, same top-1 class.
+"""
+
+import warnings
+
+import pytest
+import torch
+import torch.ao.quantization as tq
+
+import aot
+
+pytest.importorskip("torchvision")
+from models.quantized_resnet18 import quantized_resnet18  # noqa: E402
+
+warnings.filterwarnings("ignore", message=".*quantize_per_tensor.*deprecated")
+AOT_Q_OPS = ["aot_q.quantize", "aot_q.dequantize", "aot_q.conv2d", "aot_q.linear", "aot_q.add",
+             "aot_q.cat", "aot_q.max_pool2d", "aot_q.adaptive_avg_pool2d"]
+
+
+@pytest.fixture(autouse=True)
+def restore_engine():
+    engine = torch.backends.quantized.engine
+    yield
+    torch.backends.quantized.engine = engine
+
+
+@pytest.fixture(scope="module")
+def qresnet_x86():
+    engine = torch.backends.quantized.engine
+    try:
+        return quantized_resnet18("x86", batch=2)
+    finally:
+        torch.backends.quantized.engine = engine
+
+
+def _inputs(n, batch=2, seed=1):
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randn(batch, 3, 224, 224, generator=g) for _ in range(n)]
+
+
+@pytest.mark.parametrize("backend", ["x86", "qnnpack"])
+def test_quantized_resnet18_aten_fallback_is_bit_exact(backend):
+    if backend not in torch.backends.quantized.supported_engines:
+        pytest.skip(f"engine {backend} not in this torch build")
+    model, (x,) = quantized_resnet18(backend, batch=2)
+    cm = aot.compile(model, (x,), fallback_ops=AOT_Q_OPS)
+    for xi in [x, *_inputs(2)]:
+        torch.testing.assert_close(cm(xi), model(xi), rtol=0, atol=0)
+    ops = {k["op"] for k in cm.manifest["kernel_calls"]}
+    assert {"aot_q::conv2d", "aot_q::add", "aot_q::linear"} <= ops
+    # quantized operands cross as real quint8 tensors with their qparams
+    conv = next(k for k in cm.manifest["kernel_calls"] if k["op"] == "aot_q::conv2d")
+    assert conv["inputs"][0]["dtype"] == "quint8" and conv["inputs"][0]["qparams"]["scale"] > 0
+    assert conv["results"][0]["dtype"] == "quint8"
+    if backend == "x86":  # per-channel weights
+        assert model.conv1.weight().qscheme() == torch.per_channel_affine
+    else:
+        assert model.conv1.weight().qscheme() == torch.per_tensor_affine
+
+
+def test_quantized_resnet18_compiled_int8_agrees(qresnet_x86):
+    model, (x,) = qresnet_x86
+    cm = aot.compile(model, (x,))
+    placed = {p["op"].split(".")[0] for p in cm.manifest["placements"] if p["where"] == "compiled"}
+    assert "aten" in placed and not any(k["op"].startswith("aot_q") for k in cm.manifest["kernel_calls"])
+    step = float(model.fc.scale)
+    within = total = top1 = n = 0
+    for xi in _inputs(8):
+        ref, out = model(xi), cm(xi)
+        d = (out - ref).abs() / step
+        within += int((d <= 1 + 1e-3).sum())
+        total += d.numel()
+        top1 += int((out.argmax(1) == ref.argmax(1)).sum())
+        n += xi.shape[0]
+    assert within / total >= 0.999, f"only {100 * within / total:.3f}% within one step"
+    assert top1 / n >= 0.99 - 1e-9 or n - top1 <= 1, f"top-1 agrees on {top1}/{n}"
+
+
+def test_fallback_ops_choose_per_op_and_report_shows_it(qresnet_x86):
+    model, (x,) = qresnet_x86
+    cm = aot.compile(model, (x,), fallback_ops=["aot_q.add"])
+    calls = {k["op"] for k in cm.manifest["kernel_calls"]}
+    assert calls == {"aot_q::add"}
+    rep = cm.report()
+    assert "aot_q.add.default" in rep and "forced by fallback_ops" in rep
+    assert "aten.convolution" in rep  # the convs were compiled (integer arithmetic)
+    ref, out = model(x), cm(x)
+    assert ((out - ref).abs() <= 2 * float(model.fc.scale) + 1e-6).float().mean() >= 0.999
+
+
+def test_quantized_artifact_round_trip(tmp_path, qresnet_x86):
+    model, (x,) = qresnet_x86
+    cm = aot.compile(model, (x,), fallback_ops=["aot_q.conv2d"])
+    path = tmp_path / "q.aot"
+    cm.save(str(path))
+    cm2 = aot.load(str(path))
+    torch.testing.assert_close(cm2(x), cm(x), rtol=0, atol=0)
+
+
+class _QuantizedIO(torch.nn.Module):
+    """Quantized tensors in and out (no Quant/DeQuant stubs): conv + add_relu + pool."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = torch.nn.Conv2d(4, 4, 3, padding=1)
+        self.add = torch.ao.nn.quantized.FloatFunctional()
+        self.pool = torch.nn.MaxPool2d(2)
+
+    def forward(self, x):
+        return self.pool(self.add.add_relu(self.conv(x), x))
+
+
+def _quantized_io_model():
+    torch.backends.quantized.engine = "x86"
+    m = _QuantizedIO().eval()
+    m.qconfig = tq.get_default_qconfig("x86")
+    tq.prepare(m, inplace=True)
+    # calibrate: observers see float data; the converted model takes quint8
+    m(torch.randn(2, 4, 8, 8))
+    tq.convert(m, inplace=True)
+    xq = torch.quantize_per_tensor(torch.randn(2, 4, 8, 8), 0.05, 10, torch.quint8)
+    return m, xq
+
+
+def test_quantized_inputs_and_outputs_keep_dtype_qparams_and_layout():
+    m, xq = _quantized_io_model()
+    ref = m(xq)
+    cm = aot.compile(m, (xq,), fallback="all")
+    out = cm(xq)
+    assert out.dtype == torch.quint8 and out.q_scale() == ref.q_scale()
+    assert out.q_zero_point() == ref.q_zero_point()
+    assert torch.equal(out.int_repr(), ref.int_repr())
+    spec = cm.manifest["inputs"][0]
+    assert spec["dtype"] == "quint8" and spec["qparams"]["zero_point"] == 10
+    # channels-last in gives what eager gives
+    xcl = xq.contiguous(memory_format=torch.channels_last)
+    ref_cl = m(xcl)
+    cm_cl = aot.compile(m, (xcl,), fallback="all")
+    out_cl = cm_cl(xcl)
+    assert out_cl.stride() == ref_cl.stride() and torch.equal(out_cl.int_repr(), ref_cl.int_repr())
+
+
+def test_quantized_input_mismatches_are_clear_errors():
+    m, xq = _quantized_io_model()
+    cm = aot.compile(m, (xq,), fallback="all")
+    with pytest.raises(aot.InputMismatch, match="dtype mismatch: expected quint8"):
+        cm(xq.dequantize())
+    other = torch.quantize_per_tensor(xq.dequantize(), 0.1, 10, torch.quint8)
+    with pytest.raises(aot.InputMismatch, match="quantization parameters mismatch"):
+        cm(other)
+
+
+def test_unsupported_quantized_module_is_a_clear_error():
+    class Emb(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.emb = torch.nn.Embedding(10, 4)
+
+        def forward(self, i):
+            return self.emb(i)
+
+    m = Emb().eval()
+    m.emb.qconfig = tq.float_qparams_weight_only_qconfig
+    tq.prepare(m, inplace=True)
+    tq.convert(m, inplace=True)
+    with pytest.raises(aot.UnsupportedOp, match="'emb'"):
+        aot.compile(m, (torch.tensor([[1, 2, 3]]),))
+
+
+def test_unmodelled_op_on_quantized_tensor_is_refused_not_wrong():
+    class M(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.quant, self.dequant = tq.QuantStub(), tq.DeQuantStub()
+            self.conv = torch.nn.Conv2d(3, 4, 3)
+
+        def forward(self, x):
+            y = self.conv(self.quant(x))
+            return self.dequant(torch.relu(y))  # quantized relu: clamps at the zero point
+
+    torch.backends.quantized.engine = "x86"
+    m = M().eval()
+    m.qconfig = tq.get_default_qconfig("x86")
+    tq.prepare(m, inplace=True)
+    m(torch.randn(2, 3, 8, 8))
+    tq.convert(m, inplace=True)
+    assert m.conv.zero_point != 0  # so relu on the integers would change nothing: wrong
+    with pytest.raises(aot.UnsupportedOp, match="differs from the original"):
+        aot.compile(m, (torch.randn(2, 3, 8, 8),))
+
+
+class _QDQ(torch.nn.Module):
+    """A Q/DQ graph: quint8 values appear in the export (IREE's importer cannot take them)."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(8, 8)
+
+    def forward(self, x):
+        q = torch.quantize_per_tensor(self.lin(x), 0.05, 12, torch.quint8)
+        return torch.relu(q.dequantize()) * 2
+
+
+@pytest.mark.parametrize("mode", ["auto", "all"])
+def test_qdq_graph_imports_and_matches_eager(mode):
+    m, x = _QDQ().eval(), torch.randn(4, 8)
+    cm = aot.compile(m, (x,), fallback=mode)
+    ref = m(x)
+    if mode == "all":  # ATen's quantize/dequantize: bit-exact
+        torch.testing.assert_close(cm(x), ref, rtol=0, atol=0)
+    else:  # compiled rounding may differ at ties: at most one step (0.05 * 2)
+        torch.testing.assert_close(cm(x), ref, rtol=0, atol=0.1 + 1e-6)
+    ops = {p["op"] for p in cm.manifest["placements"]}
+    assert not any("quantize_per_tensor" in o for o in ops)
+
+
+def test_qdq_with_qint8_is_a_clear_error():
+    class M(torch.nn.Module):
+        def forward(self, x):
+            return torch.quantize_per_tensor(x, 0.1, 0, torch.qint8).dequantize()
+
+    with pytest.raises(aot.UnsupportedOp, match="quantize_per_tensor to torch.qint8"):
+        aot.compile(M(), (torch.randn(3),))
+
+
+def test_pt2e_quantized_decomposed_ops_compile():
+    pytest.importorskip("torch.ao.quantization.fx._decomposed")
+    qd = torch.ops.quantized_decomposed
+
+    class M(torch.nn.Module):
+        def forward(self, x):
+            q = qd.quantize_per_tensor.default(x, 0.02, 3, 0, 255, torch.uint8)
+            return qd.dequantize_per_tensor.default(q, 0.02, 3, 0, 255, torch.uint8) + 1
+
+    m, x = M(), torch.randn(2, 16)
+    cm = aot.compile(m, (x,))
+    assert not cm.manifest["kernel_calls"]  # decomposed and compiled
+    torch.testing.assert_close(cm(x), m(x), rtol=0, atol=0.02 + 1e-6)
+    torch.testing.assert_close(aot.compile(m, (x,), fallback="all")(x), m(x), rtol=0, atol=0)
