@@ -28,7 +28,8 @@ __version__ = "0.1.0"
 
 
 def compile(model, args=(), *, example_kwargs=None, target: str = "cpu", fallback: str = "auto",
-            fallback_ops=(), strict: bool = False, extra_flags=()) -> CompiledModule:
+            fallback_ops=(), strict: bool = False, extra_flags=(),
+            profile: str = "default") -> CompiledModule:
     """Compile ``model`` for ``target`` and load it, ready to call.
 
     Args:
@@ -42,6 +43,8 @@ def compile(model, args=(), *, example_kwargs=None, target: str = "cpu", fallbac
         fallback_ops: ops forced to ATen, e.g. ``["aten.layer_norm"]``.
         strict: use ``torch.export``'s strict mode.
         extra_flags: extra ``iree-compile`` flags appended to the target profile.
+        profile: ``"default"`` (flags chosen by measurement, see
+            ``aot/lower/targets.py``) or ``"iree-default"`` (IREE as it comes).
     Returns:
         CompiledModule: call it like the model; ``.save(path)``, ``.report()``.
     Raises:
@@ -53,7 +56,7 @@ def compile(model, args=(), *, example_kwargs=None, target: str = "cpu", fallbac
     from .lower.targets import get_target
 
     policy = PlacementPolicy.make(fallback, fallback_ops)
-    tgt = get_target(target, tuple(extra_flags))
+    tgt = get_target(target, tuple(extra_flags), profile)
     imported = import_model(model, args, example_kwargs, ImportOptions(strict=strict))
     return CompiledModule(compile_model(imported, tgt, policy))
 

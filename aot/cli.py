@@ -4,6 +4,7 @@
     aot run m.aot
     aot report m.aot
     aot demo
+    aot bench [--quick]
 """
 
 from __future__ import annotations
@@ -182,6 +183,32 @@ def cmd_demo(args) -> int:
     return 0
 
 
+def cmd_bench(args) -> int:
+    try:
+        from benchmarks import suite
+    except ImportError as e:
+        raise SystemExit(f"aot: the benchmark suite is not installed ({e}); run from a checkout "
+                         "after pip install -e .")
+    models = args.models.split(",") if args.models else list(
+        suite.QUICK_MODELS if args.quick else suite.BENCH_MODELS)
+    systems = args.systems.split(",") if args.systems else list(
+        suite.QUICK_SYSTEMS if args.quick else suite.SYSTEMS)
+    runs = args.runs or (5 if args.quick else 30)
+    try:
+        rows = suite.run_suite(models, systems, runs, warmup=2 if args.quick else 5,
+                               target=args.target, log=_step)
+    except ValueError as e:
+        raise SystemExit(f"aot: {e}")
+    info = suite.machine_info(args.target)
+    paths = suite.write_outputs(rows, info, runs, args.out)
+    print(suite.markdown(rows, info, runs))
+    for kind, path in paths.items():
+        _step(f"wrote {kind}: {path}")
+    if "png" not in paths:
+        _step("no PNG chart: install matplotlib (pip install -e '.[bench]')")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="aot", description=__doc__.split("\n\n")[0])
     sub = p.add_subparsers(dest="cmd", required=True)
@@ -215,6 +242,16 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--model", default="resnet18")
     d.add_argument("-o", "--output")
     d.set_defaults(fn=cmd_demo)
+    b = sub.add_parser("bench", help="benchmark eager, torch.compile, IREE and aot side by side")
+    b.add_argument("--quick", action="store_true",
+                   help="ResNet18 b1 + custom op, eager/iree-default/aot, 5 runs (a few minutes)")
+    b.add_argument("--models", help="comma-separated: resnet18_b1, resnet18_b8, resnet18_int8, "
+                   "bert, custom_op")
+    b.add_argument("--systems", help="comma-separated: eager, inductor, iree-default, aot")
+    b.add_argument("--runs", type=int, help="timed runs per system (default 30; quick 5)")
+    b.add_argument("--target", default="cpu", help="cpu or cuda")
+    b.add_argument("--out", default="bench-results", help="output folder (md, json, png)")
+    b.set_defaults(fn=cmd_bench)
     return p
 
 

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 from ..errors import CompileFailed
 
-__all__ = ["Target", "TARGETS", "get_target"]
+__all__ = ["Target", "TARGETS", "PROFILES", "get_target"]
 
 
 @dataclass(frozen=True)
@@ -31,10 +31,24 @@ TARGETS: dict[str, Target] = {
 }
 
 
-def get_target(name: str, extra_flags: tuple[str, ...] = ()) -> Target:
-    """Look up a target by name; ``extra_flags`` are appended to its profile."""
+# Flags added to a target's base flags per profile. "iree-default" is IREE as it
+# comes (the baseline benchmarks compare against); "default" is what users get,
+# chosen by measurement with benchmarks/flag_sweep.py (numbers in the comments).
+PROFILES: dict[str, dict[str, tuple[str, ...]]] = {
+    "cpu": {"iree-default": (), "default": ()},
+    "cuda": {"iree-default": (), "default": ()},
+}
+
+
+def get_target(name: str, extra_flags: tuple[str, ...] = (), profile: str = "default") -> Target:
+    """Look up a target by name; the profile's flags, then ``extra_flags``, are appended."""
     try:
         t = TARGETS[name]
     except KeyError:
         raise CompileFailed(f"unknown target {name!r}; choose one of {sorted(TARGETS)}") from None
-    return Target(t.name, t.backend, t.driver, t.flags + tuple(extra_flags))
+    try:
+        pflags = PROFILES[name][profile]
+    except KeyError:
+        raise CompileFailed(f"unknown profile {profile!r} for {name}; choose one of "
+                            f"{sorted(PROFILES[name])}") from None
+    return Target(t.name, t.backend, t.driver, t.flags + pflags + tuple(extra_flags))

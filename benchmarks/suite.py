@@ -1,0 +1,279 @@
+"""The benchmark suite behind ``aot bench``: models x systems, side by side, in one run.
+
+Systems (each skipped with its reason where it cannot run the model):
+
+- ``eager``: the model as PyTorch runs it;
+- ``inductor``: ``torch.compile(model)`` (default mode);
+- ``iree-default``: IREE alone with its default flags, no ATen fallback (what an
+  export -> IREE flow such as iree-turbine gives you);
+- ``aot``: this project, ``aot.compile(model, args)`` with no options.
+
+Calls are interleaved (each repetition calls every system once) after a
+warm-up, so slow drifts of the machine hit all systems alike. Per row: median
+and spread (10th-90th percentile) of latency, throughput, speed relative to
+eager, compile time, peak resident memory while running, and kernel-call
+crossings per inference. Outputs: Markdown table, JSON, PNG bar chart.
+Benchmarks are never timed assertions in tests.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import statistics
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Callable
+
+import torch
+
+__all__ = ["BENCH_MODELS", "SYSTEMS", "Row", "run_suite", "machine_info", "write_outputs"]
+
+SYSTEMS = ("eager", "inductor", "iree-default", "aot")
+QUICK_MODELS = ("resnet18_b1", "custom_op")
+QUICK_SYSTEMS = ("eager", "iree-default", "aot")
+
+
+def _resnet18(batch):
+    def make():
+        from models.resnet18 import resnet18
+        return resnet18(batch=batch)
+    return make
+
+
+def _int8():
+    from models.quantized_resnet18 import quantized_resnet18
+    return quantized_resnet18("x86", batch=1)
+
+
+def _bert():
+    from models.bert import bert_encoder
+    return bert_encoder(seq=128)
+
+
+def _custom_op():
+    from models.custom_op import custom_op_model
+    return custom_op_model()
+
+
+BENCH_MODELS: dict[str, Callable] = {
+    "resnet18_b1": _resnet18(1), "resnet18_b8": _resnet18(8), "resnet18_int8": _int8,
+    "bert": _bert, "custom_op": _custom_op,
+}
+
+
+@dataclass
+class Row:
+    model: str
+    system: str
+    target: str
+    batch: int
+    median_ms: float | None = None
+    p10_ms: float | None = None
+    p90_ms: float | None = None
+    throughput_per_s: float | None = None
+    speed_vs_eager: float | None = None
+    compile_s: float | None = None
+    peak_rss_mb: float | None = None
+    kernel_calls_per_run: float | None = None
+    skipped: str | None = None
+    samples_ms: list = field(default_factory=list)
+
+
+def machine_info(target: str) -> dict:
+    cpu = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo") as f:
+            cpu = next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
+    except (OSError, StopIteration):
+        pass
+    info = {"cpu": cpu, "cores": os.cpu_count(), "torch_threads": torch.get_num_threads(),
+            "torch": torch.__version__, "python": platform.python_version(), "target": target}
+    try:
+        from importlib.metadata import version
+        info["iree"] = version("iree-base-runtime")
+    except Exception:
+        info["iree"] = "unknown"
+    if torch.cuda.is_available():
+        info["gpu"] = torch.cuda.get_device_name(0)
+    return info
+
+
+def _reset_peak_rss() -> None:
+    try:  # Linux: "5" resets the peak resident set size (VmHWM) of this process
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+    except OSError:
+        pass
+
+
+def _peak_rss_mb() -> float | None:
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return None
+
+
+def _build(system: str, model, example, target: str):
+    """``(callable, compile_seconds, kernel-call counter or None)``; raises to skip."""
+    import aot
+    t0 = time.perf_counter()
+    if system == "eager":
+        return model, 0.0, None
+    if system == "inductor":
+        fn = torch.compile(model)
+        with torch.no_grad():
+            fn(*example)  # compiles on the first call
+        return fn, time.perf_counter() - t0, None
+    if system == "iree-default":
+        cm = aot.compile(model, example, target=target, fallback="none", profile="iree-default")
+    else:
+        cm = aot.compile(model, example, target=target)
+    return cm, time.perf_counter() - t0, cm
+
+
+def _first_line(e: BaseException) -> str:
+    text = str(e).strip().splitlines()
+    return f"{type(e).__name__}: {text[0] if text else ''}"[:160]
+
+
+def run_model(name: str, systems, runs: int, warmup: int, target: str,
+              log: Callable[[str], None]) -> list[Row]:
+    model, example = BENCH_MODELS[name]()
+    if target == "cuda":
+        model = model.cuda()
+        example = tuple(x.cuda() if isinstance(x, torch.Tensor) else x for x in example)
+    batch = next((x.shape[0] for x in example if isinstance(x, torch.Tensor)), 1)
+    rows, fns, counters = {}, {}, {}
+    for s in systems:
+        rows[s] = Row(name, s, target, batch)
+        log(f"{name}: building {s} ...")
+        try:
+            fn, secs, counter = _build(s, model, example, target)
+        except Exception as e:  # a system that cannot run this model is a row, not a crash
+            rows[s].skipped = _first_line(e)
+            log(f"{name}: {s} skipped ({rows[s].skipped})")
+            continue
+        fns[s], counters[s] = fn, counter
+        rows[s].compile_s = round(secs, 2)
+    sync = torch.cuda.synchronize if target == "cuda" else (lambda: None)
+    with torch.no_grad():
+        for s, fn in fns.items():
+            for _ in range(warmup):
+                fn(*example)
+        calls0 = {s: c.kernel_call_count for s, c in counters.items() if c is not None}
+        peaks = {s: 0.0 for s in fns}
+        samples = {s: [] for s in fns}
+        log(f"{name}: timing {len(fns)} systems x {runs} interleaved runs ...")
+        for _ in range(runs):
+            for s, fn in fns.items():
+                _reset_peak_rss()
+                sync()
+                t = time.perf_counter()
+                fn(*example)
+                sync()
+                samples[s].append((time.perf_counter() - t) * 1e3)
+                peaks[s] = max(peaks[s], _peak_rss_mb() or 0.0)
+    for s in fns:
+        r, xs = rows[s], sorted(samples[s])
+        r.samples_ms = [round(x, 4) for x in samples[s]]
+        r.median_ms = statistics.median(xs)
+        r.p10_ms, r.p90_ms = xs[int(0.1 * (len(xs) - 1))], xs[int(round(0.9 * (len(xs) - 1)))]
+        r.throughput_per_s = batch / (r.median_ms / 1e3)
+        r.peak_rss_mb = round(peaks[s], 1) or None
+        if s in calls0:
+            r.kernel_calls_per_run = (counters[s].kernel_call_count - calls0[s]) / runs
+        elif s != "inductor":
+            r.kernel_calls_per_run = 0.0
+    eager = rows.get("eager")
+    for r in rows.values():
+        if eager and eager.median_ms and r.median_ms:
+            r.speed_vs_eager = eager.median_ms / r.median_ms
+    return list(rows.values())
+
+
+def run_suite(models, systems, runs: int, warmup: int, target: str,
+              log: Callable[[str], None] = print) -> list[Row]:
+    unknown = [m for m in models if m not in BENCH_MODELS]
+    if unknown:
+        raise ValueError(f"unknown benchmark model(s) {unknown}; choose from {sorted(BENCH_MODELS)}")
+    bad = [s for s in systems if s not in SYSTEMS]
+    if bad:
+        raise ValueError(f"unknown system(s) {bad}; choose from {list(SYSTEMS)}")
+    rows = []
+    for m in models:
+        try:
+            rows += run_model(m, systems, runs, warmup, target, log)
+        except Exception as e:  # e.g. torchvision missing for the int8 model
+            rows += [Row(m, s, target, 0, skipped=_first_line(e)) for s in systems]
+            log(f"{m}: skipped ({_first_line(e)})")
+    return rows
+
+
+def _fmt(v, spec):
+    return "—" if v is None else format(v, spec)
+
+
+def markdown(rows: list[Row], info: dict, runs: int) -> str:
+    head = (f"Machine: {info['cpu']}, {info['cores']} cores, torch {info['torch']} "
+            f"({info['torch_threads']} threads), IREE {info['iree']}"
+            + (f", GPU {info['gpu']}" if "gpu" in info else "") + f"; target {info['target']}; "
+            f"median of {runs} interleaved runs after warm-up.\n\n")
+    lines = ["| model | system | median ms | p10–p90 ms | items/s | speed vs eager | compile s "
+             "| peak RSS MB | kernel calls/run |", "|" + "---|" * 9]
+    for r in rows:
+        if r.skipped:
+            lines.append(f"| {r.model} | {r.system} | skipped: {r.skipped} | | | | | | |")
+            continue
+        lines.append(
+            f"| {r.model} | {r.system} | {_fmt(r.median_ms, '.2f')} | "
+            f"{_fmt(r.p10_ms, '.2f')}–{_fmt(r.p90_ms, '.2f')} | {_fmt(r.throughput_per_s, '.1f')} | "
+            f"{_fmt(r.speed_vs_eager, '.2f')}x | {_fmt(r.compile_s, '.1f')} | "
+            f"{_fmt(r.peak_rss_mb, '.0f')} | {_fmt(r.kernel_calls_per_run, '.0f')} |")
+    return head + "\n".join(lines) + "\n"
+
+
+def plot(rows: list[Row], path: str, info: dict) -> bool:
+    """Bar chart of speed vs eager per model and system; False without matplotlib."""
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return False
+    models = list(dict.fromkeys(r.model for r in rows))
+    systems = list(dict.fromkeys(r.system for r in rows))
+    fig, ax = plt.subplots(figsize=(max(6, 1.6 * len(models)), 4))
+    width = 0.8 / max(1, len(systems))
+    for j, s in enumerate(systems):
+        vals = [next((r.speed_vs_eager or 0.0 for r in rows if r.model == m and r.system == s), 0.0)
+                for m in models]
+        ax.bar([i + j * width for i in range(len(models))], vals, width, label=s)
+    ax.axhline(1.0, color="black", linewidth=0.8, linestyle="--")
+    ax.set_xticks([i + width * (len(systems) - 1) / 2 for i in range(len(models))], models)
+    ax.set_ylabel("speed vs eager (higher is faster)")
+    ax.set_title(f"{info['cpu']} ({info['cores']} cores), target {info['target']}", fontsize=9)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return True
+
+
+def write_outputs(rows: list[Row], info: dict, runs: int, out_dir: str) -> dict[str, str]:
+    os.makedirs(out_dir, exist_ok=True)
+    paths = {"markdown": os.path.join(out_dir, "bench.md"),
+             "json": os.path.join(out_dir, "bench.json"),
+             "png": os.path.join(out_dir, "bench.png")}
+    with open(paths["markdown"], "w") as f:
+        f.write(markdown(rows, info, runs))
+    with open(paths["json"], "w") as f:
+        json.dump({"machine": info, "runs": runs, "rows": [asdict(r) for r in rows]}, f, indent=1)
+    if not plot(rows, paths["png"], info):
+        del paths["png"]
+    return paths
