@@ -29,7 +29,7 @@ __version__ = "0.1.0"
 
 def compile(model, args=(), *, example_kwargs=None, target: str = "cpu", fallback: str = "auto",
             fallback_ops=(), strict: bool = False, extra_flags=(),
-            profile: str = "default") -> CompiledModule:
+            profile: str = "default", placement: str = "auto") -> CompiledModule:
     """Compile ``model`` for ``target`` and load it, ready to call.
 
     Args:
@@ -45,6 +45,9 @@ def compile(model, args=(), *, example_kwargs=None, target: str = "cpu", fallbac
         extra_flags: extra ``iree-compile`` flags appended to the target profile.
         profile: ``"default"`` (flags chosen by measurement, see
             ``aot/lower/targets.py``) or ``"iree-default"`` (IREE as it comes).
+        placement: ``"auto"``: heavy ops IREE covers (convolutions, matmuls) run
+            where they measure faster on this machine, IREE or ATen (measured
+            once, cached); ``"coverage"``: everything IREE covers is compiled.
     Returns:
         CompiledModule: call it like the model; ``.save(path)``, ``.report()``.
     Raises:
@@ -55,7 +58,7 @@ def compile(model, args=(), *, example_kwargs=None, target: str = "cpu", fallbac
     from .lower.placement import PlacementPolicy
     from .lower.targets import get_target
 
-    policy = PlacementPolicy.make(fallback, fallback_ops)
+    policy = PlacementPolicy.make(fallback, fallback_ops, placement)
     tgt = get_target(target, tuple(extra_flags), profile)
     imported = import_model(model, args, example_kwargs, ImportOptions(strict=strict))
     return CompiledModule(compile_model(imported, tgt, policy))

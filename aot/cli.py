@@ -79,7 +79,7 @@ def cmd_compile(args) -> int:
     from .lower.placement import PlacementPolicy
     from .lower.targets import get_target
 
-    policy = PlacementPolicy.make(args.fallback, args.fallback_op)
+    policy = PlacementPolicy.make(args.fallback, args.fallback_op, args.placement)
     target = get_target(args.target, tuple(args.flag))
     model, example = _model_and_inputs(args)
     t0 = time.perf_counter()
@@ -225,6 +225,8 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--fallback-op", action="append", default=[],
                    help="force an op to ATen, e.g. aten.layer_norm (repeatable)")
     c.add_argument("--flag", action="append", default=[], help="extra iree-compile flag")
+    c.add_argument("--placement", default="auto",
+                   help="auto (heavy ops where they measure faster) or coverage")
     c.add_argument("--strict", action="store_true", help="torch.export strict mode")
     c.add_argument("--emit", choices=["torch", "partitioned"],
                    help="print the MLIR at this stage instead of compiling")

@@ -18,12 +18,14 @@ import torch.utils._pytree as pytree
 
 from ..artifact import FORMAT_VERSION, CompiledArtifact
 from ..torch_tensor import TorchTensor
+import dataclasses
 import logging
 
 from ..importer.program import ImportedProgram
 from .iree_compile import compile_error, first_error, try_compile
 from .partition import PartitionedProgram, partition
 from .placement import PlacementPolicy
+from .fold_bn import fold_batch_norm
 from .recover import blame, grow
 from .targets import Target
 
@@ -68,6 +70,8 @@ def compile_model(imported: ImportedProgram, target: Target,
             errors point at no compiled op, or the policy forbids fallback.
     """
     t0 = time.perf_counter()
+    if policy.fallback != "all":  # the round-trip mode stays bit-exact: no rewrites
+        imported = dataclasses.replace(imported, exported=fold_batch_norm(imported.exported))
     demoted: dict[str, str] = {}
     for _ in range(_MAX_RECOVERY_ROUNDS + 1):
         p = partition(imported, target, policy, demoted=demoted)
@@ -106,7 +110,8 @@ def _artifact(p: PartitionedProgram, vmfb: bytes, seconds: float) -> CompiledArt
         "out_spec": pytree.treespec_dumps(p.imported.out_spec),
         "kernel_calls": [k.to_json() for k in p.kernel_calls],
         "placements": [pl.to_json() for pl in p.placements],
-        "policy": {"fallback": p.policy.fallback, "fallback_ops": list(p.policy.fallback_ops)},
+        "policy": {"fallback": p.policy.fallback, "fallback_ops": list(p.policy.fallback_ops),
+                   "placement": p.policy.placement},
         "compile_seconds": round(seconds, 3),
         "vmfb_sha256": hashlib.sha256(vmfb).hexdigest(),
     }

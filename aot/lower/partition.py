@@ -24,6 +24,7 @@ from ..importer.fx_import import DROP, import_graph, stateless_graph
 from ..importer.locations import node_location
 from ..importer.program import ImportedProgram
 from ..torch_tensor import QuantParams, TorchTensor
+from .cost import MIN_FLOPS
 from .coverage import CoverageCache, Verdict, op_signature, probe_nodes
 from .flops import node_flops
 from .kernel_call_op import kernel_call_op
@@ -99,7 +100,8 @@ def partition(imported: ImportedProgram, target: Target,
     if policy.fallback != "all":
         cache = cache or CoverageCache(target)
         ep, verdicts = _decompose_uncovered(ep, target, policy, cache)
-    placements, decided = _place(ep, policy, verdicts, demoted or {})
+    costs = _costs(ep, target, policy, verdicts)
+    placements, decided = _place(ep, policy, verdicts, demoted or {}, costs)
     if policy.fallback == "none":
         bad = [p for p in placements if p.where == KERNEL_CALL]
         if bad:
@@ -143,7 +145,23 @@ def _decompose_uncovered(ep, target, policy, cache):
     return ep, probe_nodes(_op_nodes(ep), target, cache)
 
 
-def _place(ep, policy: PlacementPolicy, verdicts: dict[str, Verdict], demoted: dict[str, str]):
+def _costs(ep, target: Target, policy: PlacementPolicy, verdicts) -> dict:
+    """Measured ATen-vs-IREE costs of the heavy covered ops (``placement="auto"``)."""
+    if policy.fallback != "auto" or policy.placement != "auto":
+        return {}
+    if not target.driver.startswith("local") and not torch.cuda.is_available():
+        return {}  # compiling for a device this machine lacks: nothing to measure on
+    heavy = [n for n in _op_nodes(ep) if isinstance(n.target, torch._ops.OpOverload)
+             and verdicts.get(op_signature(n), Verdict(False)).covered
+             and (node_flops(n) or 0) >= MIN_FLOPS]
+    if not heavy:
+        return {}
+    from .cost import CostCache, measure_nodes
+    return measure_nodes(heavy, target, CostCache(target))
+
+
+def _place(ep, policy: PlacementPolicy, verdicts: dict[str, Verdict], demoted: dict[str, str],
+           costs: dict | None = None):
     placements, decided = [], {}
     for n in _op_nodes(ep):
         name = op_name(n.target)
@@ -159,6 +177,9 @@ def _place(ep, policy: PlacementPolicy, verdicts: dict[str, Verdict], demoted: d
         else:
             v = verdicts[op_signature(n)]
             where, why = (COMPILED, "lowered by IREE") if v.covered else (KERNEL_CALL, v.reason)
+            cost = (costs or {}).get(op_signature(n))
+            if v.covered and cost is not None and cost.aten_wins:
+                where, why = KERNEL_CALL, cost.reason()
         decided[n] = (where, why)
         placements.append(Placement(n.name, name, where, why, node_location(n), node_flops(n)))
     return placements, decided

@@ -17,6 +17,7 @@ from ..errors import UnsupportedOp
 __all__ = ["POLICIES", "Placement", "PlacementPolicy", "op_name", "matches_forced"]
 
 POLICIES = ("auto", "all", "none")
+PLACEMENTS = ("auto", "coverage")
 COMPILED, KERNEL_CALL = "compiled", "kernel_call"
 
 
@@ -26,8 +27,12 @@ class PlacementPolicy:
 
     fallback: str = "auto"
     fallback_ops: tuple[str, ...] = ()
+    placement: str = "auto"  # "auto": heavy ops go where they measure faster; "coverage"
 
     def __post_init__(self):
+        if self.placement not in PLACEMENTS:
+            raise UnsupportedOp(f"placement={self.placement!r} is not a placement; choose one of "
+                                f"{', '.join(PLACEMENTS)}", stage="options")
         if self.fallback not in POLICIES:
             raise UnsupportedOp(f"fallback={self.fallback!r} is not a policy; choose one of "
                                 f"{', '.join(POLICIES)}", stage="options")
@@ -42,11 +47,11 @@ class PlacementPolicy:
                                     stage="options")
 
     @staticmethod
-    def make(fallback: str, fallback_ops) -> "PlacementPolicy":
+    def make(fallback: str, fallback_ops, placement: str = "auto") -> "PlacementPolicy":
         names = []
         for o in fallback_ops or ():
             names.append(str(o).replace("::", ".") if not isinstance(o, str) else o.replace("::", "."))
-        return PlacementPolicy(fallback, tuple(names))
+        return PlacementPolicy(fallback, tuple(names), placement)
 
 
 @dataclass(frozen=True)

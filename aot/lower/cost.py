@@ -1,0 +1,170 @@
+"""Cost-based placement: is ATen's kernel faster than IREE's code for this op, here?
+
+For each distinct signature of a *heavy* op (one with a FLOP formula above
+``MIN_FLOPS``: convolutions, matmuls, linears), both are measured on this
+machine with random data of the op's shapes: the ATen kernel (oneDNN, MKL,
+cuDNN) called directly, and the op compiled alone by IREE with the target's
+flags and run through the IREE runtime. The op becomes a kernel call when ATen
+wins by more than the cost of crossing the boundary twice. Measurements are
+cached on disk per machine (CPU model, cores, threads), IREE version, target
+and flags, like coverage verdicts: measured once, not guessed.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import platform
+import statistics
+import time
+from dataclasses import dataclass
+
+import torch
+import torch.fx
+from torch.fx.node import map_aggregate
+
+from .coverage import _probe_graph, op_signature
+from .targets import Target
+
+__all__ = ["Cost", "CostCache", "measure_nodes", "MIN_FLOPS", "CROSSING_MS"]
+log = logging.getLogger(__name__)
+
+MIN_FLOPS = 2_000_000       # below this an op is too small to be worth measuring or moving
+CROSSING_MS = 0.03          # two boundary crossings (~17 us each measured on CPU), rounded up
+_RUNS = 7
+
+
+@dataclass(frozen=True)
+class Cost:
+    aten_ms: float | None
+    iree_ms: float | None
+
+    @property
+    def aten_wins(self) -> bool:
+        return (self.aten_ms is not None and self.iree_ms is not None
+                and self.aten_ms + CROSSING_MS < self.iree_ms)
+
+    def reason(self) -> str:
+        return (f"ATen is faster here: {self.aten_ms:.3f} ms vs IREE {self.iree_ms:.3f} ms "
+                "(measured on this machine)")
+
+
+def _machine_key() -> str:
+    cpu = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo") as f:
+            cpu = next((ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name")), cpu)
+    except OSError:
+        pass
+    return f"{cpu}|{os.cpu_count()}|{torch.get_num_threads()}|{torch.__version__}"
+
+
+class CostCache:
+    """Measurements on disk, one JSON file per machine, IREE version, target and flags."""
+
+    def __init__(self, target: Target, directory: str | None = None):
+        import iree.compiler.version as v
+        directory = directory or os.environ.get("AOT_CACHE_DIR") or os.path.join(
+            os.path.expanduser("~"), ".cache", "aot")
+        key = hashlib.sha256((" ".join(target.flags) + _machine_key()).encode()).hexdigest()[:12]
+        ver = getattr(v, "VERSION", "unknown")
+        self.path = os.path.join(directory, f"cost-{ver}-{target.name}-{key}.json")
+        try:
+            with open(self.path) as f:
+                self._data = json.load(f)
+        except (OSError, ValueError):
+            self._data = {}
+
+    def get(self, sig: str) -> Cost | None:
+        d = self._data.get(sig)
+        return Cost(d["aten_ms"], d["iree_ms"]) if d else None
+
+    def put(self, sig: str, cost: Cost) -> None:
+        self._data[sig] = {"aten_ms": cost.aten_ms, "iree_ms": cost.iree_ms}
+        try:
+            os.makedirs(os.path.dirname(self.path), exist_ok=True)
+            tmp = f"{self.path}.{os.getpid()}.tmp"
+            with open(tmp, "w") as f:
+                json.dump(self._data, f, indent=0, sort_keys=True)
+            os.replace(tmp, self.path)
+        except OSError as e:
+            log.warning("could not write cost cache %s: %s", self.path, e)
+
+
+def _real(val, device):
+    if isinstance(val, torch.Tensor):
+        if val.dtype.is_floating_point:
+            return torch.randn(val.shape, dtype=val.dtype, device=device)
+        return torch.zeros(val.shape, dtype=val.dtype, device=device)
+    return val
+
+
+def _median_ms(fn, runs: int = _RUNS) -> float:
+    fn()
+    times = []
+    for _ in range(runs):
+        t = time.perf_counter()
+        fn()
+        times.append((time.perf_counter() - t) * 1e3)
+    return statistics.median(times)
+
+
+def _measure(node: torch.fx.Node, target: Target) -> Cost:
+    from ..importer.fx_import import import_graph
+    from ..runtime.device import get_device, torch_to_buffer_view
+    from .iree_compile import try_compile
+    import iree.runtime as rt
+
+    device = "cpu" if target.driver.startswith("local") else "cuda"
+    vals = map_aggregate(node.args, lambda a: a.meta.get("val") if isinstance(a, torch.fx.Node) else a)
+    kws = map_aggregate(node.kwargs, lambda a: a.meta.get("val") if isinstance(a, torch.fx.Node) else a)
+    args = map_aggregate(vals, lambda v: _real(v, device))
+    kwargs = map_aggregate(kws, lambda v: _real(v, device))
+    sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
+
+    def aten():
+        node.target(*args, **kwargs)
+        sync()
+    with torch.no_grad():
+        aten_ms = _median_ms(aten)
+    g = _probe_graph(node)
+    vmfb, diag = try_compile(str(import_graph(g)), target)
+    if vmfb is None:
+        return Cost(aten_ms, None)
+    hal = get_device(target.driver)
+    instance = rt.VmInstance()
+    module = rt.VmModule.copy_buffer(instance, vmfb)
+    ctx = rt.VmContext(instance, [rt.create_hal_module(instance, hal), module])
+    main = module.lookup_function("main")
+    placeholders = [n for n in g.nodes if n.op == "placeholder"]
+    inputs = [_real(p.meta["val"], device).contiguous() for p in placeholders]
+    arg_list = rt.VmVariantList(len(inputs))
+    for i, t in enumerate(inputs):
+        arg_list.push_ref(torch_to_buffer_view(hal, t, f"probe input {i}").ref)
+
+    def iree():
+        ctx.invoke(main, arg_list, rt.VmVariantList(4))
+    iree_ms = _median_ms(iree)
+    return Cost(aten_ms, iree_ms)
+
+
+def measure_nodes(nodes: list[torch.fx.Node], target: Target, cache: CostCache) -> dict[str, Cost]:
+    """Cost per op signature of ``nodes`` (measured once per machine, then cached)."""
+    out: dict[str, Cost] = {}
+    for n in nodes:
+        sig = op_signature(n)
+        if sig in out:
+            continue
+        cost = cache.get(sig)
+        if cost is None:
+            try:
+                cost = _measure(n, target)
+            except Exception as e:  # measuring is best effort: keep the op compiled
+                log.info("could not measure %s: %s", sig, e)
+                cost = Cost(None, None)
+            log.info("measured %s: ATen %s ms, IREE %s ms", sig, cost.aten_ms, cost.iree_ms)
+            cache.put(sig, cost)
+        out[sig] = cost
+    return out

@@ -1,0 +1,89 @@
+"""Fold eval-mode batch norm into the convolution before it (a graph-level win).
+
+``conv2d(x, w, b) -> batch_norm(., gamma, beta, mean, var, eps)`` with every
+parameter constant becomes ``conv2d(x, w * s, (b - mean) * s + beta)`` with
+``s = gamma / sqrt(var + eps)``, computed once at compile time: the batch-norm
+pass over the activations disappears (eager runs it on every call). Applied to
+a copy of the program and only where results may differ in the last bits, i.e.
+not under ``fallback="all"`` (the bit-exact round-trip mode).
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+import operator
+
+import torch
+
+__all__ = ["fold_batch_norm"]
+log = logging.getLogger(__name__)
+aten = torch.ops.aten
+_BN = aten._native_batch_norm_legit_no_training.default
+
+
+def _const_name(ep, node):
+    """State-dict name of a parameter/buffer placeholder, or None."""
+    if not isinstance(node, torch.fx.Node) or node.op != "placeholder":
+        return None
+    sig = ep.graph_signature
+    return sig.inputs_to_parameters.get(node.name) or sig.inputs_to_buffers.get(node.name)
+
+
+def fold_batch_norm(ep: torch.export.ExportedProgram) -> torch.export.ExportedProgram:
+    """A copy of ``ep`` with conv -> batch norm pairs folded (``ep`` is untouched)."""
+    candidates = [n for n in ep.graph.nodes if n.op == "call_function" and n.target == _BN
+                  and isinstance(n.args[0], torch.fx.Node)
+                  and n.args[0].target == aten.conv2d.default and len(n.args[0].users) == 1]
+    if not candidates:
+        return ep
+    ep = copy.deepcopy(ep)
+    state = ep.state_dict
+    g = ep.graph
+    folded = 0
+    for bn in [n for n in g.nodes if n.op == "call_function" and n.target == _BN]:
+        conv = bn.args[0]
+        if not (isinstance(conv, torch.fx.Node) and conv.target == aten.conv2d.default
+                and len(conv.users) == 1):
+            continue
+        x, w, b = (list(conv.args) + [None] * 3)[:3]
+        gamma, beta, mean, var = bn.args[1:5]
+        eps = bn.args[6]
+        names = [_const_name(ep, a) for a in (w, gamma, beta, mean, var)]
+        b_name = _const_name(ep, b) if b is not None else None
+        if None in names or (b is not None and b_name is None):
+            continue
+        # the weight and beta tensors are rewritten: they must serve only this pair
+        if len(w.users) != 1 or len(beta.users) != 1:
+            continue
+        uses = list(bn.users)
+        if not all(u.target == operator.getitem and u.args[1] == 0 for u in uses) \
+                and not all(u.target == operator.getitem for u in uses):
+            continue
+        if any(u.args[1] != 0 and u.users for u in uses):
+            continue  # the batch statistics outputs are used: keep the op
+        wt, gt, bt, mt, vt = (state[nm] for nm in names)
+        with torch.no_grad():
+            s = gt / torch.sqrt(vt + eps)
+            new_w = (wt * s.reshape(-1, *([1] * (wt.dim() - 1)))).to(wt.dtype)
+            bias0 = state[b_name] if b_name else torch.zeros_like(mt)
+            new_b = ((bias0 - mt) * s + bt).to(wt.dtype)
+        state[names[0]] = torch.nn.Parameter(new_w, requires_grad=False)
+        state[names[2]] = torch.nn.Parameter(new_b, requires_grad=False)
+        args = list(conv.args)
+        while len(args) < 3:
+            args.append(None)
+        args[2] = beta  # beta's placeholder now holds the folded bias
+        conv.args = tuple(args)
+        for u in uses:
+            if u.args[1] == 0:
+                u.replace_all_uses_with(conv)
+            g.erase_node(u)
+        g.erase_node(bn)
+        folded += 1
+    if folded:
+        g.eliminate_dead_code()
+        g.lint()
+        ep.graph_module.recompile()
+        log.info("folded %d batch norms into convolutions", folded)
+    return ep
