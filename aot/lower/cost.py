@@ -28,7 +28,7 @@ from torch.fx.node import map_aggregate
 from .coverage import _probe_graph, op_signature
 from .targets import Target
 
-__all__ = ["Cost", "CostCache", "measure_nodes", "MIN_FLOPS", "CROSSING_MS"]
+__all__ = ["Cost", "CostCache", "measure_nodes", "measure_decomposed", "MIN_FLOPS", "CROSSING_MS"]
 log = logging.getLogger(__name__)
 
 MIN_FLOPS = 2_000_000       # below this an op is too small to be worth measuring or moving
@@ -96,7 +96,10 @@ class CostCache:
 def _real(val, device):
     if isinstance(val, torch.Tensor):
         if val.dtype.is_floating_point:
-            return torch.randn(val.shape, dtype=val.dtype, device=device)
+            return torch.rand(val.shape, dtype=val.dtype, device=device) + 0.5
+        if val.dtype in (torch.uint8, torch.int8):
+            lo = 0 if val.dtype == torch.uint8 else -127
+            return torch.randint(lo, 128, val.shape, dtype=val.dtype, device=device)
         return torch.zeros(val.shape, dtype=val.dtype, device=device)
     return val
 
@@ -111,12 +114,67 @@ def _median_ms(fn, runs: int = _RUNS) -> float:
     return statistics.median(times)
 
 
-def _measure(node: torch.fx.Node, target: Target) -> Cost:
+def _run_iree_ms(graph: torch.fx.Graph, target: Target, device: str) -> float | None:
+    """Compile a stateless one-op graph alone and time it with the IREE runtime."""
     from ..importer.fx_import import import_graph
     from ..runtime.device import get_device, torch_to_buffer_view
     from .iree_compile import try_compile
     import iree.runtime as rt
 
+    vmfb, _ = try_compile(str(import_graph(graph)), target)
+    if vmfb is None:
+        return None
+    hal = get_device(target.driver)
+    instance = rt.VmInstance()
+    module = rt.VmModule.copy_buffer(instance, vmfb)
+    ctx = rt.VmContext(instance, [rt.create_hal_module(instance, hal), module])
+    main = module.lookup_function("main")
+    inputs = [_real(p.meta["val"], device).contiguous() for p in graph.nodes if p.op == "placeholder"]
+    arg_list = rt.VmVariantList(len(inputs))
+    for i, t in enumerate(inputs):
+        arg_list.push_ref(torch_to_buffer_view(hal, t, f"probe input {i}").ref)
+    return _median_ms(lambda: ctx.invoke(main, arg_list, rt.VmVariantList(4)))
+
+
+def measure_decomposed(node: torch.fx.Node, decomposition, target: Target,
+                       cache: CostCache) -> Cost:
+    """ATen kernel (weights prepacked once, as the executor does) vs its decomposition in IREE."""
+    import torch.utils._pytree as pytree
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    from ..fallback.quantized_ops import PREPACKED
+
+    sig = "decomposed " + op_signature(node)
+    cost = cache.get(sig)
+    if cost is not None:
+        return cost
+    device = "cpu" if target.driver.startswith("local") else "cuda"
+    try:
+        vals = map_aggregate(node.args, lambda a: a.meta.get("val") if isinstance(a, torch.fx.Node) else a)
+        args = map_aggregate(vals, lambda v: _real(v, device))
+        op = node.target._schema.name
+        kernel = PREPACKED[op][1]() if op in PREPACKED else node.target
+        with torch.no_grad():
+            aten_ms = _median_ms(lambda: kernel(*args))
+        flat, spec = pytree.tree_flatten(args)
+        where = [i for i, v in enumerate(flat) if isinstance(v, torch.Tensor)]
+
+        def fn(*tensors):
+            full = list(flat)
+            for i, t in zip(where, tensors):
+                full[i] = t
+            return decomposition(*pytree.tree_unflatten(full, spec))
+        gm = make_fx(fn, tracing_mode="fake")(*[flat[i] for i in where])
+        cost = Cost(aten_ms, _run_iree_ms(gm.graph, target, device))
+    except Exception as e:  # best effort: without numbers, decompose as before
+        log.info("could not measure %s: %s", sig, e)
+        cost = Cost(None, None)
+    log.info("measured %s: ATen %s ms, IREE %s ms", sig, cost.aten_ms, cost.iree_ms)
+    cache.put(sig, cost)
+    return cost
+
+
+def _measure(node: torch.fx.Node, target: Target) -> Cost:
     device = "cpu" if target.driver.startswith("local") else "cuda"
     vals = map_aggregate(node.args, lambda a: a.meta.get("val") if isinstance(a, torch.fx.Node) else a)
     kws = map_aggregate(node.kwargs, lambda a: a.meta.get("val") if isinstance(a, torch.fx.Node) else a)
@@ -129,25 +187,7 @@ def _measure(node: torch.fx.Node, target: Target) -> Cost:
         sync()
     with torch.no_grad():
         aten_ms = _median_ms(aten)
-    g = _probe_graph(node)
-    vmfb, diag = try_compile(str(import_graph(g)), target)
-    if vmfb is None:
-        return Cost(aten_ms, None)
-    hal = get_device(target.driver)
-    instance = rt.VmInstance()
-    module = rt.VmModule.copy_buffer(instance, vmfb)
-    ctx = rt.VmContext(instance, [rt.create_hal_module(instance, hal), module])
-    main = module.lookup_function("main")
-    placeholders = [n for n in g.nodes if n.op == "placeholder"]
-    inputs = [_real(p.meta["val"], device).contiguous() for p in placeholders]
-    arg_list = rt.VmVariantList(len(inputs))
-    for i, t in enumerate(inputs):
-        arg_list.push_ref(torch_to_buffer_view(hal, t, f"probe input {i}").ref)
-
-    def iree():
-        ctx.invoke(main, arg_list, rt.VmVariantList(4))
-    iree_ms = _median_ms(iree)
-    return Cost(aten_ms, iree_ms)
+    return Cost(aten_ms, _run_iree_ms(_probe_graph(node), target, device))
 
 
 def measure_nodes(nodes: list[torch.fx.Node], target: Target, cache: CostCache) -> dict[str, Cost]:

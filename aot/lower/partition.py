@@ -97,11 +97,12 @@ def partition(imported: ImportedProgram, target: Target,
     """
     ep = imported.exported
     verdicts: dict[str, Verdict] = {}
+    kept: dict = {}  # op -> reason it stays in ATen although it has a decomposition
     if policy.fallback != "all":
         cache = cache or CoverageCache(target)
-        ep, verdicts = _decompose_uncovered(ep, target, policy, cache)
+        ep, verdicts = _decompose_uncovered(ep, target, policy, cache, kept)
     costs = _costs(ep, target, policy, verdicts)
-    placements, decided = _place(ep, policy, verdicts, demoted or {}, costs)
+    placements, decided = _place(ep, policy, verdicts, demoted or {}, costs, kept)
     if policy.fallback == "none":
         bad = [p for p in placements if p.where == KERNEL_CALL]
         if bad:
@@ -121,8 +122,14 @@ def partition(imported: ImportedProgram, target: Target,
                               producers)
 
 
-def _decompose_uncovered(ep, target, policy, cache):
-    """Probe; decompose uncovered ops that have a decomposition; repeat to a fixpoint."""
+def _decompose_uncovered(ep, target, policy, cache, kept: dict):
+    """Probe; decompose uncovered ops that have a decomposition; repeat to a fixpoint.
+
+    Under ``placement="auto"``, an op whose ATen kernel is a packed-weight
+    kernel (quantized conv/linear) is decomposed only when its decomposition,
+    compiled by IREE, measures faster in total over the op's call sites; else
+    it stays a kernel call and ``kept[op]`` holds the measured reason.
+    """
     tried: set = set()
     for _ in range(_MAX_DECOMPOSITION_ROUNDS):
         nodes = [n for n in _op_nodes(ep) if not matches_forced(n.target, policy.fallback_ops)]
@@ -133,6 +140,12 @@ def _decompose_uncovered(ep, target, policy, cache):
                 fn = decomposition_for(n.target)
                 if fn is not None:
                     table[n.target] = fn
+        for op in [op for op in table if _measure_before_decomposing(op, policy, target)]:
+            reason = _aten_faster(op, table[op], [n for n in nodes if n.target == op], target)
+            if reason:
+                kept[op] = reason
+                del table[op]
+                tried.add(op)
         if not table:
             return ep, verdicts
         tried.update(table)
@@ -143,6 +156,29 @@ def _decompose_uncovered(ep, target, policy, cache):
             log.info("decomposition failed (%s); keeping those ops as kernel calls", e)
             return ep, verdicts
     return ep, probe_nodes(_op_nodes(ep), target, cache)
+
+
+def _measure_before_decomposing(op, policy: PlacementPolicy, target: Target) -> bool:
+    from ..fallback.quantized_ops import PREPACKED
+    return (policy.fallback == "auto" and policy.placement == "auto"
+            and isinstance(op, torch._ops.OpOverload) and op._schema.name in PREPACKED
+            and (target.driver.startswith("local") or torch.cuda.is_available()))
+
+
+def _aten_faster(op, decomposition, nodes, target: Target) -> str | None:
+    """Measured reason to keep ``op`` in ATen rather than decompose it, or None."""
+    from .cost import CROSSING_MS, CostCache, measure_decomposed
+    cache = CostCache(target)
+    costs = [measure_decomposed(n, decomposition, target, cache) for n in nodes]
+    if any(c.aten_ms is None or c.iree_ms is None for c in costs):
+        return None
+    aten_ms = sum(c.aten_ms + CROSSING_MS for c in costs)
+    iree_ms = sum(c.iree_ms for c in costs)
+    if aten_ms >= iree_ms:
+        return None
+    return (f"ATen's kernel is faster here than IREE's code for its decomposition: "
+            f"{aten_ms:.2f} ms vs {iree_ms:.2f} ms over {len(nodes)} call site(s), "
+            "measured on this machine")
 
 
 def _costs(ep, target: Target, policy: PlacementPolicy, verdicts) -> dict:
@@ -161,7 +197,7 @@ def _costs(ep, target: Target, policy: PlacementPolicy, verdicts) -> dict:
 
 
 def _place(ep, policy: PlacementPolicy, verdicts: dict[str, Verdict], demoted: dict[str, str],
-           costs: dict | None = None):
+           costs: dict | None = None, kept: dict | None = None):
     placements, decided = [], {}
     for n in _op_nodes(ep):
         name = op_name(n.target)
@@ -177,6 +213,8 @@ def _place(ep, policy: PlacementPolicy, verdicts: dict[str, Verdict], demoted: d
         else:
             v = verdicts[op_signature(n)]
             where, why = (COMPILED, "lowered by IREE") if v.covered else (KERNEL_CALL, v.reason)
+            if not v.covered and n.target in (kept or {}):
+                why = kept[n.target]
             cost = (costs or {}).get(op_signature(n))
             if v.covered and cost is not None and cost.aten_wins:
                 where, why = KERNEL_CALL, cost.reason()

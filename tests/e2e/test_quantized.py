@@ -64,7 +64,7 @@ def test_quantized_resnet18_aten_fallback_is_bit_exact(backend):
 
 def test_quantized_resnet18_compiled_int8_agrees(qresnet_x86):
     model, (x,) = qresnet_x86
-    cm = aot.compile(model, (x,))
+    cm = aot.compile(model, (x,), placement="coverage")  # every aot_q op as integer arithmetic
     placed = {p["op"].split(".")[0] for p in cm.manifest["placements"] if p["where"] == "compiled"}
     assert "aten" in placed and not any(k["op"].startswith("aot_q") for k in cm.manifest["kernel_calls"])
     step = float(model.fc.scale)
@@ -82,7 +82,7 @@ def test_quantized_resnet18_compiled_int8_agrees(qresnet_x86):
 
 def test_fallback_ops_choose_per_op_and_report_shows_it(qresnet_x86):
     model, (x,) = qresnet_x86
-    cm = aot.compile(model, (x,), fallback_ops=["aot_q.add"])
+    cm = aot.compile(model, (x,), fallback_ops=["aot_q.add"], placement="coverage")
     calls = {k["op"] for k in cm.manifest["kernel_calls"]}
     assert calls == {"aot_q::add"}
     rep = cm.report()
@@ -241,3 +241,13 @@ def test_pt2e_quantized_decomposed_ops_compile():
     assert not cm.manifest["kernel_calls"]  # decomposed and compiled
     torch.testing.assert_close(cm(x), m(x), rtol=0, atol=0.02 + 1e-6)
     torch.testing.assert_close(aot.compile(m, (x,), fallback="all")(x), m(x), rtol=0, atol=0)
+
+
+def test_default_placement_keeps_quantized_convs_where_they_measure_faster(qresnet_x86):
+    model, (x,) = qresnet_x86
+    cm = aot.compile(model, (x,))
+    for k in cm.manifest["kernel_calls"]:
+        assert k["op"] in ("aot_q::conv2d", "aot_q::linear")
+        assert k["reason"].startswith("ATen's kernel is faster here")
+    ref, out = model(x), cm(x)
+    assert ((out - ref).abs() <= float(model.fc.scale) + 1e-6).float().mean() >= 0.999
