@@ -12,7 +12,9 @@ Calls are interleaved (each repetition calls every system once) after a
 warm-up, so slow drifts of the machine hit all systems alike. Per row: median
 and spread (10th-90th percentile) of latency, throughput, speed relative to
 eager, compile time, peak resident memory while running, and kernel-call
-crossings per inference. Outputs: Markdown table, JSON, PNG bar chart.
+crossings per inference. Peak memory is the resident memory a call adds on top
+of what was resident before it (Linux ``VmHWM`` reset per call; CUDA memory
+that IREE allocates is not counted). Outputs: Markdown table, JSON, PNG chart.
 Benchmarks are never timed assertions in tests.
 """
 
@@ -108,11 +110,11 @@ def _reset_peak_rss() -> None:
         pass
 
 
-def _peak_rss_mb() -> float | None:
+def _status_mb(field: str) -> float | None:
     try:
         with open("/proc/self/status") as f:
             for line in f:
-                if line.startswith("VmHWM:"):
+                if line.startswith(field + ":"):
                     return int(line.split()[1]) / 1024
     except OSError:
         pass
@@ -173,19 +175,21 @@ def run_model(name: str, systems, runs: int, warmup: int, target: str,
         for _ in range(runs):
             for s, fn in fns.items():
                 _reset_peak_rss()
+                before = _status_mb("VmRSS") or 0.0
                 sync()
                 t = time.perf_counter()
                 fn(*example)
                 sync()
                 samples[s].append((time.perf_counter() - t) * 1e3)
-                peaks[s] = max(peaks[s], _peak_rss_mb() or 0.0)
+                # memory the call itself needed on top of what was resident before it
+                peaks[s] = max(peaks[s], (_status_mb("VmHWM") or before) - before)
     for s in fns:
         r, xs = rows[s], sorted(samples[s])
         r.samples_ms = [round(x, 4) for x in samples[s]]
         r.median_ms = statistics.median(xs)
         r.p10_ms, r.p90_ms = xs[int(0.1 * (len(xs) - 1))], xs[int(round(0.9 * (len(xs) - 1)))]
         r.throughput_per_s = batch / (r.median_ms / 1e3)
-        r.peak_rss_mb = round(peaks[s], 1) or None
+        r.peak_rss_mb = round(peaks[s], 1)
         if s in calls0:
             r.kernel_calls_per_run = (counters[s].kernel_call_count - calls0[s]) / runs
         elif s != "inductor":
@@ -225,7 +229,7 @@ def markdown(rows: list[Row], info: dict, runs: int) -> str:
             + (f", GPU {info['gpu']}" if "gpu" in info else "") + f"; target {info['target']}; "
             f"median of {runs} interleaved runs after warm-up.\n\n")
     lines = ["| model | system | median ms | p10–p90 ms | items/s | speed vs eager | compile s "
-             "| peak RSS MB | kernel calls/run |", "|" + "---|" * 9]
+             "| peak RSS added MB | kernel calls/run |", "|" + "---|" * 9]
     for r in rows:
         if r.skipped:
             lines.append(f"| {r.model} | {r.system} | skipped: {r.skipped} | | | | | | |")

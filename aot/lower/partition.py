@@ -125,10 +125,10 @@ def partition(imported: ImportedProgram, target: Target,
 def _decompose_uncovered(ep, target, policy, cache, kept: dict):
     """Probe; decompose uncovered ops that have a decomposition; repeat to a fixpoint.
 
-    Under ``placement="auto"``, an op whose ATen kernel is a packed-weight
-    kernel (quantized conv/linear) is decomposed only when its decomposition,
-    compiled by IREE, measures faster in total over the op's call sites; else
-    it stays a kernel call and ``kept[op]`` holds the measured reason.
+    Under ``placement="auto"``, a quantized ``aot_q`` op (ATen kernel and our
+    integer decomposition) is decomposed only when its decomposition, compiled
+    by IREE, measures faster in total over the op's call sites; else it stays a
+    kernel call and ``kept[op]`` holds the measured reason.
     """
     tried: set = set()
     for _ in range(_MAX_DECOMPOSITION_ROUNDS):
@@ -159,9 +159,10 @@ def _decompose_uncovered(ep, target, policy, cache, kept: dict):
 
 
 def _measure_before_decomposing(op, policy: PlacementPolicy, target: Target) -> bool:
-    from ..fallback.quantized_ops import PREPACKED
+    """Ops with both an ATen kernel and a decomposition we wrote: the quantized ``aot_q`` ops."""
+    from ..fallback.quantized_ops import NAMESPACE
     return (policy.fallback == "auto" and policy.placement == "auto"
-            and isinstance(op, torch._ops.OpOverload) and op._schema.name in PREPACKED
+            and isinstance(op, torch._ops.OpOverload) and op.namespace == NAMESPACE
             and (target.driver.startswith("local") or torch.cuda.is_available()))
 
 

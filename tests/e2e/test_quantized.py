@@ -247,7 +247,7 @@ def test_default_placement_keeps_quantized_convs_where_they_measure_faster(qresn
     model, (x,) = qresnet_x86
     cm = aot.compile(model, (x,))
     for k in cm.manifest["kernel_calls"]:
-        assert k["op"] in ("aot_q::conv2d", "aot_q::linear")
+        assert k["op"].startswith("aot_q::")
         assert k["reason"].startswith("ATen's kernel is faster here")
     ref, out = model(x), cm(x)
     assert ((out - ref).abs() <= float(model.fc.scale) + 1e-6).float().mean() >= 0.999
