@@ -57,3 +57,11 @@ def format_report(manifest: dict) -> str:
         lines.append("compiled ops: " + ", ".join(f"{op} x{n}" for op, n in
                                                  sorted(s["compiled_ops"].items())))
     return "\n".join(lines)
+
+
+def kernel_call_ops(manifest: dict) -> list[dict]:
+    """Every op run through a kernel call, with groups flattened into their members."""
+    out = []
+    for k in manifest["kernel_calls"]:
+        out.extend(k.get("members") or [k])
+    return out

@@ -45,22 +45,54 @@ def _storage_ptr(t: torch.Tensor) -> int:
     return t.untyped_storage().data_ptr() if t.numel() else -1
 
 
+def _resolve(spec: KernelCallSpec):
+    """The callable running one op: its OpOverload, or a prepacking call site."""
+    try:
+        op = resolve_op(spec.op, spec.overload)
+    except LookupError as e:
+        raise ArtifactError(f"kernel call {spec.key}: {e}", op=spec.qualified_name,
+                            location=spec.location) from None
+    if spec.op in PREPACKED:
+        needs, site = PREPACKED[spec.op]
+        const = {o.name for o in spec.operands
+                 if (isinstance(o, TensorArg) and o.constant) or isinstance(o, StaticArg)}
+        if all(n in const for n in needs):
+            return site()  # weights packed on the first call, not on every call
+    return op
+
+
+def _adapt(t, spec):
+    """A slot value as a member expects it: quantized tensor or its integer storage."""
+    if spec is None or not isinstance(t, torch.Tensor):
+        return t
+    if spec.qparams is not None and not t.is_quantized:
+        return spec.from_storage(t)
+    if spec.qparams is None and t.is_quantized:
+        return t.int_repr()
+    return t
+
+
+class _Slots:
+    """``tensors[i]`` for ``KernelCallSpec.bind``, adapting each slot to the member's spec."""
+
+    def __init__(self, env: list, member: KernelCallSpec):
+        self.env = env
+        self.specs = {o.index: o.spec for o in member.operands if isinstance(o, TensorArg)}
+
+    def __getitem__(self, i):
+        return _adapt(self.env[i], self.specs.get(i))
+
+
 class _KernelCall:
     """One host function: buffer views in, buffer views out."""
 
     def __init__(self, spec: KernelCallSpec, device, driver: str, host: HostModule):
         self.spec, self.device, self.driver, self.host = spec, device, driver, host
-        try:
-            self.op = resolve_op(spec.op, spec.overload)
-        except LookupError as e:
-            raise ArtifactError(f"kernel call {spec.key}: {e}", op=spec.qualified_name,
-                                location=spec.location) from None
-        if spec.op in PREPACKED:
-            needs, site = PREPACKED[spec.op]
-            const = {o.name for o in spec.operands
-                     if (isinstance(o, TensorArg) and o.constant) or isinstance(o, StaticArg)}
-            if all(n in const for n in needs):
-                self.op = site()  # weights packed on the first call, not on every call
+        if spec.is_group:
+            self.op = None
+            self.members = [(m, _resolve(m)) for m in spec.members]
+        else:
+            self.op = _resolve(spec)
         self.torch_device = torch.device("cpu") if driver.startswith("local") else torch.device("cuda")
 
     def __call__(self, *refs):
@@ -78,13 +110,12 @@ class _KernelCall:
                for r, s in zip(refs[:n], self.spec.inputs)]
         # quantized operands: real quantized tensors over the same memory
         tensors = [s.from_storage(t) for s, t in zip(self.spec.inputs, raw)]
-        args, kwargs = self.spec.bind(tensors, self.torch_device, refs[n:])
-        try:
-            out = self.op(*args, **kwargs)
-        except Exception as e:
-            raise KernelCallFailed(f"ATen raised {type(e).__name__}: {e}\n  in {self.spec!r}",
-                                   op=self.spec.qualified_name, location=self.spec.location) from e
-        outs = list(out) if isinstance(out, (tuple, list)) else [out]
+        if self.spec.is_group:
+            outs = self._run_group(tensors)
+        else:
+            args, kwargs = self.spec.bind(tensors, self.torch_device, refs[n:])
+            out = self._call(self.spec, self.op, args, kwargs)
+            outs = list(out) if isinstance(out, (tuple, list)) else [out]
         kinds = self.spec.out_kinds
         if len(outs) != len(kinds):
             raise KernelCallFailed(f"ATen returned {len(outs)} value(s), compiled for {len(kinds)}",
@@ -98,6 +129,22 @@ class _KernelCall:
             else:
                 vals.append(float(r) if kind == "f" else int(r))
         return vals[0] if len(vals) == 1 else tuple(vals)
+
+    def _call(self, spec, op, args, kwargs):
+        try:
+            return op(*args, **kwargs)
+        except Exception as e:
+            raise KernelCallFailed(f"ATen raised {type(e).__name__}: {e}\n  in {spec!r}",
+                                   op=spec.qualified_name, location=spec.location) from e
+
+    def _run_group(self, tensors: list) -> list:
+        """Run the members in order; intermediates stay ATen tensors (quantized stay quantized)."""
+        env = list(tensors)
+        for member, op in self.members:
+            args, kwargs = member.bind(_Slots(env, member), self.torch_device)
+            out = self._call(member, op, args, kwargs)
+            env.extend(out if isinstance(out, (tuple, list)) else [out])
+        return [env[i] for i in self.spec.output_slots]
 
     def _tensor_result(self, i: int, r, want, in_ptrs):
         if isinstance(r, torch.Tensor) and want.qparams is not None and r.is_quantized:

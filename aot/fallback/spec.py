@@ -19,11 +19,12 @@ import torch
 from ..torch_tensor import TorchTensor
 from . import static_values
 
-__all__ = ["HOST_MODULE", "TensorArg", "TensorListArg", "ScalarArg", "StaticArg", "KernelCallSpec", "resolve_op"]
+__all__ = ["HOST_MODULE", "GROUP_OP", "TensorArg", "TensorListArg", "ScalarArg", "StaticArg", "KernelCallSpec", "resolve_op"]
 
 # The IREE module name kernel calls are imported from (compile side) and that the
 # fallback executor registers (run side).
 HOST_MODULE = "aot_kernels"
+GROUP_OP = "aot::group"  # the op name of a KernelCallSpec that runs a group of ops
 
 
 @dataclass(frozen=True)
@@ -99,6 +100,16 @@ class KernelCallSpec:
     inputs: tuple[TorchTensor, ...]
     scalar_inputs: tuple[str, ...] = ()
     result_kinds: str = ""
+    # A group of neighbouring ops run in one crossing (``op == GROUP_OP``): the
+    # members run in order over value slots (the group's inputs, then every
+    # member's results in turn; member TensorArg indices name slots), and
+    # ``output_slots`` are handed back.
+    members: tuple["KernelCallSpec", ...] = ()
+    output_slots: tuple[int, ...] = ()
+
+    @property
+    def is_group(self) -> bool:
+        return bool(self.members)
 
     @property
     def out_kinds(self) -> str:
@@ -113,9 +124,16 @@ class KernelCallSpec:
 
     @property
     def qualified_name(self) -> str:
+        if self.is_group:
+            return "group(" + ", ".join(m.qualified_name for m in self.members) + ")"
         return f"{self.op.replace('::', '.')}.{self.overload}"
 
     def __repr__(self) -> str:
+        if self.is_group:
+            ins = ", ".join(f"%{i}: {t.short()}" for i, t in enumerate(self.inputs))
+            body = "\n".join("    " + repr(m) for m in self.members)
+            outs = ", ".join(f"%{s}" for s in self.output_slots)
+            return f"{self.key}: group({ins}) -> ({outs})\n{body}"
         parts = []
         for o in self.operands:
             if isinstance(o, TensorArg):
@@ -156,8 +174,11 @@ class KernelCallSpec:
         ops = []
         for o in self.operands:
             if isinstance(o, TensorArg):
-                ops.append({"kind": "tensor", "name": o.name, "index": o.index,
-                            "kwarg_only": o.kwarg_only, "constant": o.constant})
+                op = {"kind": "tensor", "name": o.name, "index": o.index,
+                      "kwarg_only": o.kwarg_only, "constant": o.constant}
+                if not self.inputs:  # a group member: its slots have no host input spec
+                    op["spec"] = o.spec.to_json()
+                ops.append(op)
             elif isinstance(o, TensorListArg):
                 ops.append({"kind": "tensor_list", "name": o.name, "indices": list(o.indices),
                             "kwarg_only": o.kwarg_only})
@@ -171,6 +192,8 @@ class KernelCallSpec:
                 "inputs": [t.to_json() for t in self.inputs],
                 "results": [r.to_json() for r in self.results],
                 "scalar_inputs": list(self.scalar_inputs), "result_kinds": self.result_kinds,
+                "members": [m.to_json() for m in self.members],
+                "output_slots": list(self.output_slots),
                 "location": self.location, "reason": self.reason}
 
     @staticmethod
@@ -179,7 +202,9 @@ class KernelCallSpec:
         operands: list[Operand] = []
         for o in d["operands"]:
             if o["kind"] == "tensor":
-                operands.append(TensorArg(o["name"], o["index"], inputs[o["index"]], o["kwarg_only"],
+                spec = (TorchTensor.from_json(o["spec"]) if "spec" in o
+                        else inputs[o["index"]])
+                operands.append(TensorArg(o["name"], o["index"], spec, o["kwarg_only"],
                                           o.get("constant", False)))
             elif o["kind"] == "tensor_list":
                 operands.append(TensorListArg(o["name"], tuple(o["indices"]), o["kwarg_only"]))
@@ -190,7 +215,9 @@ class KernelCallSpec:
         return KernelCallSpec(d["key"], d["op"], d["overload"], tuple(operands),
                               tuple(TorchTensor.from_json(r) for r in d["results"]),
                               d.get("location"), d.get("reason", ""), inputs,
-                              tuple(d.get("scalar_inputs", ())), d.get("result_kinds", ""))
+                              tuple(d.get("scalar_inputs", ())), d.get("result_kinds", ""),
+                              tuple(KernelCallSpec.from_json(m) for m in d.get("members", ())),
+                              tuple(d.get("output_slots", ())))
 
 
 def resolve_op(op: str, overload: str):

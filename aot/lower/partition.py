@@ -8,6 +8,7 @@ builds the outlined Torch-dialect module that ``compile_program`` compiles.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import operator
 from dataclasses import dataclass
@@ -18,7 +19,8 @@ import torch.fx
 from ..errors import UnsupportedOp
 from ..fallback import static_values
 from ..fallback.quantized_ops import QUANT_OPERANDS
-from ..fallback.spec import KernelCallSpec, ScalarArg, StaticArg, TensorArg, TensorListArg
+from ..fallback.spec import (GROUP_OP, KernelCallSpec, ScalarArg, StaticArg, TensorArg,
+                             TensorListArg)
 from ..importer.decompositions import decomposition_for
 from ..importer.fx_import import DROP, import_graph, stateless_graph
 from ..importer.locations import node_location
@@ -35,6 +37,9 @@ from .targets import Target
 __all__ = ["PartitionedProgram", "partition", "torch_mlir"]
 log = logging.getLogger(__name__)
 _MAX_DECOMPOSITION_ROUNDS = 4
+# operands + results of one group, kept under torch's 64-argument schema limit
+# for the placeholder op (an upper bound: shared inputs are counted once per use)
+_MAX_GROUP_WIDTH = 60
 
 
 @dataclass(frozen=True)
@@ -57,7 +62,7 @@ class PartitionedProgram:
     def __post_init__(self):
         keys = [k.key for k in self.kernel_calls]
         assert len(set(keys)) == len(keys), "kernel call keys must be unique"
-        assert sum(p.where == KERNEL_CALL for p in self.placements) == len(keys)
+        assert {p.key for p in self.placements if p.where == KERNEL_CALL} == set(keys)
 
 
 def _is_assert(n: torch.fx.Node) -> bool:
@@ -110,12 +115,14 @@ def partition(imported: ImportedProgram, target: Target,
             raise UnsupportedOp(f"fallback='none' but {len(bad)} op(s) are not covered by IREE "
                                 f"for {target.name}:\n{lines}")
     specs: list[KernelCallSpec] = []
-    graph = stateless_graph(ep, lambda n, g, env: _rewrite(n, g, env, decided, specs))
+    node_keys: dict[str, str] = {}
+    grouping = _Grouping.find(ep, decided) if policy.group else _Grouping({}, {})
+    graph = stateless_graph(ep, lambda n, g, env: _rewrite(n, g, env, decided, specs, grouping,
+                                                          node_keys))
     module = outline_kernel_calls(import_graph(graph), specs)
-    keys = iter(s.key for s in specs)
     placements = tuple(
-        Placement(p.node, p.op, p.where, p.reason, p.location, p.flops,
-                  next(keys) if p.where == KERNEL_CALL else None) for p in placements)
+        Placement(p.node, p.op, p.where, p.reason, p.location, p.flops, node_keys.get(p.node))
+        for p in placements)
     producers = {n.name: tuple(a.name for a in n.all_input_nodes if a.op == "call_function")
                  for n in _op_nodes(ep)}
     return PartitionedProgram(imported, target, policy, placements, tuple(specs), str(module),
@@ -224,13 +231,24 @@ def _place(ep, policy: PlacementPolicy, verdicts: dict[str, Verdict], demoted: d
     return placements, decided
 
 
-def _rewrite(node, g: torch.fx.Graph, env: dict, decided: dict, specs: list):
+def _rewrite(node, g: torch.fx.Graph, env: dict, decided: dict, specs: list,
+             grouping: "_Grouping", node_keys: dict):
     if node.op == "call_function" and _is_assert(node):
         return DROP  # checked by the runtime's input specs instead
+    if node.target is operator.getitem and node.args[0] in grouping.values:
+        v = grouping.values[node.args[0]][node.args[1]]
+        return DROP if v is None else v  # DROP: only used inside its group
+    if node in grouping.group_of:
+        if node not in grouping.values:
+            _emit_group(grouping.group_of[node], g, env, decided, specs, grouping, node_keys)
+        v = grouping.values[node]
+        if _n_results(node) > 1:
+            return v
+        return DROP if v[0] is None else v[0]  # DROP: only used inside its group
     where, reason = decided.get(node, (COMPILED, ""))
     if where != KERNEL_CALL:
         return None
-    spec, operands = _kernel_call_spec(node, env, f"call_{len(specs)}", reason)
+    spec, operands, _ = _kernel_call_spec(node, env, f"call_{len(specs)}", reason)
     ins = "t" * len(spec.inputs) + "".join(spec.scalar_inputs)
     new = g.call_function(kernel_call_op(ins, spec.out_kinds), (*operands, len(specs)))
     new.meta = dict(node.meta)
@@ -238,7 +256,151 @@ def _rewrite(node, g: torch.fx.Graph, env: dict, decided: dict, specs: list):
     if isinstance(val, list):
         new.meta["val"] = tuple(val)
     specs.append(spec)
+    node_keys[node.name] = spec.key
     return new
+
+
+@dataclass
+class _Grouping:
+    """Neighbouring kernel calls run as one crossing.
+
+    ``group_of`` maps each member to its group (members in graph order);
+    ``values`` maps a member, once its group is emitted, to a list with one
+    new-graph value per result (None for results nobody outside uses).
+    """
+
+    group_of: dict
+    values: dict
+
+    @staticmethod
+    def find(ep, decided) -> "_Grouping":
+        """Maximal runs of groupable kernel calls in graph order.
+
+        A kernel call joins the open group unless it reads a value produced by
+        a node that is not in the group and comes after the group's first member
+        (the group runs at its first member's position, so its inputs must exist
+        by then). Ops with run-time scalar operands or results stay alone.
+        """
+        groups, cur, after, width = [], [], set(), 0
+        for n in _op_nodes(ep):
+            if decided.get(n, (COMPILED,))[0] == KERNEL_CALL and _groupable(n):
+                deps = {_source(a) for a in n.all_input_nodes}
+                w = len(n.all_input_nodes) + _n_results(n)
+                if cur and not deps & after and width + w <= _MAX_GROUP_WIDTH:
+                    cur.append(n)
+                    width += w
+                    continue
+                if len(cur) > 1:
+                    groups.append(cur)
+                cur, after, width = [n], set(), w
+            elif cur:
+                after.add(n)
+        if len(cur) > 1:
+            groups.append(cur)
+        return _Grouping({m: tuple(grp) for grp in groups for m in grp}, {})
+
+
+def _source(a: torch.fx.Node) -> torch.fx.Node:
+    return a.args[0] if a.op == "call_function" and a.target is operator.getitem else a
+
+
+def _n_results(n: torch.fx.Node) -> int:
+    v = n.meta.get("val")
+    return len(v) if isinstance(v, (list, tuple)) else 1
+
+
+def _groupable(n: torch.fx.Node) -> bool:
+    if not isinstance(n.target, torch._ops.OpOverload):
+        return False
+    v = n.meta.get("val")
+    vals = list(v) if isinstance(v, (list, tuple)) else [v]
+    if not vals or not all(isinstance(x, torch.Tensor) for x in vals):
+        return False
+    flat = torch.fx.node.map_aggregate((n.args, n.kwargs), lambda a: a)
+    nodes = []
+    torch.fx.node.map_arg(flat, nodes.append)
+    return not any(_scalar_kind(a) for a in nodes)
+
+
+def _used_outside(n: torch.fx.Node, r: int, members: set) -> bool:
+    if _n_results(n) == 1 and not any(u.target is operator.getitem for u in n.users):
+        return any(u not in members for u in n.users)
+    return any(u.target is operator.getitem and u.args[1] == r
+               and any(w not in members for w in u.users) for u in n.users)
+
+
+def _emit_group(members, g, env, decided, specs, grouping, node_keys) -> None:
+    """One kernel call for ``members``: external inputs in, outside-used results out."""
+    member_set = set(members)
+    key = f"call_{len(specs)}"
+    ext_index: dict = {}            # original arg (node, or id of a constant) -> input number
+    ext_operands, ext_specs = [], []
+    produced: dict = {}             # (member, result) -> position among member results
+    n_member_results = 0
+    raw = []                        # (member spec, local tensor index -> ("in"|"res", k))
+    for i, m in enumerate(members):
+        spec, operands, sources = _kernel_call_spec(m, env, f"{key}.{i}", decided[m][1])
+        where = {}
+        for j, a in enumerate(sources):
+            src = _source(a) if isinstance(a, torch.fx.Node) else None
+            if src in member_set:
+                r = a.args[1] if a is not src else 0
+                where[j] = ("res", produced[(src, r)])
+            else:
+                ident = a if isinstance(a, torch.fx.Node) else id(a)
+                if ident not in ext_index:
+                    ext_index[ident] = len(ext_operands)
+                    ext_operands.append(operands[j])
+                    ext_specs.append(spec.inputs[j])
+                where[j] = ("in", ext_index[ident])
+        raw.append((spec, where))
+        for r in range(len(spec.results)):
+            produced[(m, r)] = n_member_results
+            n_member_results += 1
+    n_in = len(ext_operands)
+
+    def slot(w):
+        return w[1] if w[0] == "in" else n_in + w[1]
+    specs_out = []
+    for spec, where in raw:
+        ops = []
+        for o in spec.operands:
+            if isinstance(o, TensorArg):
+                o = TensorArg(o.name, slot(where[o.index]), o.spec, o.kwarg_only, o.constant)
+            elif isinstance(o, TensorListArg):
+                o = TensorListArg(o.name, tuple(None if i is None else slot(where[i])
+                                                for i in o.indices), o.kwarg_only)
+            ops.append(o)
+        specs_out.append(dataclasses.replace(spec, operands=tuple(ops), inputs=()))
+    outputs = [(m, r) for m in members for r in range(_n_results(m))
+               if _used_outside(m, r, member_set)]
+    out_specs, out_vals, out_slots = [], [], []
+    for m, r in outputs:
+        spec = specs_out[members.index(m)]
+        out_specs.append(spec.results[r])
+        v = m.meta.get("val")
+        out_vals.append(v[r] if isinstance(v, (list, tuple)) else v)
+        out_slots.append(n_in + produced[(m, r)])
+    reasons = sorted({decided[m][1] for m in members})
+    group = KernelCallSpec(key, GROUP_OP, "", (), tuple(out_specs), node_location(members[0]),
+                           "; ".join(reasons), tuple(ext_specs), members=tuple(specs_out),
+                           output_slots=tuple(out_slots))
+    new = g.call_function(kernel_call_op("t" * n_in, "t" * len(outputs)),
+                          (*ext_operands, len(specs)))
+    # only what the importer should read: the values (not members[0]'s tensor_meta)
+    new.meta = {k: v for k, v in members[0].meta.items() if k in ("stack_trace", "nn_module_stack")}
+    new.meta["val"] = tuple(out_vals) if len(out_vals) > 1 else out_vals[0]
+    specs.append(group)
+    for m in members:
+        node_keys[m.name] = key
+        grouping.values[m] = [None] * _n_results(m)
+    for i, (m, r) in enumerate(outputs):
+        if len(outputs) == 1:
+            grouping.values[m][r] = new
+        else:
+            gi = g.call_function(operator.getitem, (new, i))
+            gi.meta["val"] = out_vals[i]
+            grouping.values[m][r] = gi
 
 
 def _tensor_val(a):
@@ -275,16 +437,20 @@ def _kernel_call_spec(node, env, key, reason):
         raise UnsupportedOp(f"{target} is not an ATen/library op and cannot be a kernel call",
                             op=name, location=loc)
     schema = target._schema
-    operands, inputs, recorded, scalars, scalar_kinds = [], [], [], [], []
+    operands, inputs, recorded, scalars, scalar_kinds, sources = [], [], [], [], [], []
 
     def add_tensor(a):
         val = _tensor_val(a)
-        operands.append(env[a] if isinstance(a, torch.fx.Node) else a)
+        # a value made inside a group has no new-graph node (the group carries it)
+        operands.append(env.get(a) if isinstance(a, torch.fx.Node) else a)
+        sources.append(a)
         inputs.append(TorchTensor.from_tensor(val).dense())
         return len(operands) - 1
 
     def is_constant(a):  # parameters and buffers are inlined as tensors by stateless_graph
-        return not isinstance(env[a] if isinstance(a, torch.fx.Node) else a, torch.fx.Node)
+        if isinstance(a, torch.fx.Node):
+            return a in env and not isinstance(env[a], torch.fx.Node)
+        return True
 
     for i, arg in enumerate(schema.arguments):
         if i < len(node.args):
@@ -320,7 +486,7 @@ def _kernel_call_spec(node, env, key, reason):
     spec = KernelCallSpec(key, schema.name, target._overloadname, tuple(recorded), results,
                           loc, reason, tuple(inputs), tuple(scalar_kinds),
                           "" if kinds == "t" * len(results) else kinds)
-    return spec, operands + scalars
+    return spec, operands + scalars, sources
 
 
 def quantized_boundary(op: str, recorded: list, inputs: list, results: tuple):

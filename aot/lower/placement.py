@@ -28,6 +28,7 @@ class PlacementPolicy:
     fallback: str = "auto"
     fallback_ops: tuple[str, ...] = ()
     placement: str = "auto"  # "auto": heavy ops go where they measure faster; "coverage"
+    group: bool = True       # neighbouring kernel calls run as one crossing
 
     def __post_init__(self):
         if self.placement not in PLACEMENTS:

@@ -12,6 +12,7 @@ import torch
 import torch.ao.quantization as tq
 
 import aot
+from aot.reporting import kernel_call_ops
 
 pytest.importorskip("torchvision")
 from models.quantized_resnet18 import quantized_resnet18  # noqa: E402
@@ -50,12 +51,16 @@ def test_quantized_resnet18_aten_fallback_is_bit_exact(backend):
     cm = aot.compile(model, (x,), fallback_ops=AOT_Q_OPS)
     for xi in [x, *_inputs(2)]:
         torch.testing.assert_close(cm(xi), model(xi), rtol=0, atol=0)
-    ops = {k["op"] for k in cm.manifest["kernel_calls"]}
+    ops = {k["op"] for k in kernel_call_ops(cm.manifest)}
     assert {"aot_q::conv2d", "aot_q::add", "aot_q::linear"} <= ops
-    # quantized operands cross as real quint8 tensors with their qparams
-    conv = next(k for k in cm.manifest["kernel_calls"] if k["op"] == "aot_q::conv2d")
-    assert conv["inputs"][0]["dtype"] == "quint8" and conv["inputs"][0]["qparams"]["scale"] > 0
+    # quantized operands are described as quint8 with their qparams; where one crosses
+    # the boundary (a group's result here) it crosses as a real quantized tensor
+    conv = next(k for k in kernel_call_ops(cm.manifest) if k["op"] == "aot_q::conv2d")
+    x = next(o for o in conv["operands"] if o["name"] == "x")
+    assert x["spec"]["dtype"] == "quint8" and x["spec"]["qparams"]["scale"] > 0
     assert conv["results"][0]["dtype"] == "quint8"
+    crossing = [r for k in cm.manifest["kernel_calls"] for r in k["results"] + k["inputs"]]
+    assert any(r["dtype"] == "quint8" and r["qparams"] for r in crossing)
     if backend == "x86":  # per-channel weights
         assert model.conv1.weight().qscheme() == torch.per_channel_affine
     else:
@@ -66,7 +71,7 @@ def test_quantized_resnet18_compiled_int8_agrees(qresnet_x86):
     model, (x,) = qresnet_x86
     cm = aot.compile(model, (x,), placement="coverage")  # every aot_q op as integer arithmetic
     placed = {p["op"].split(".")[0] for p in cm.manifest["placements"] if p["where"] == "compiled"}
-    assert "aten" in placed and not any(k["op"].startswith("aot_q") for k in cm.manifest["kernel_calls"])
+    assert "aten" in placed and not any(k["op"].startswith("aot_q") for k in kernel_call_ops(cm.manifest))
     step = float(model.fc.scale)
     within = total = top1 = n = 0
     for xi in _inputs(8):
@@ -83,7 +88,7 @@ def test_quantized_resnet18_compiled_int8_agrees(qresnet_x86):
 def test_fallback_ops_choose_per_op_and_report_shows_it(qresnet_x86):
     model, (x,) = qresnet_x86
     cm = aot.compile(model, (x,), fallback_ops=["aot_q.add"], placement="coverage")
-    calls = {k["op"] for k in cm.manifest["kernel_calls"]}
+    calls = {k["op"] for k in kernel_call_ops(cm.manifest)}
     assert calls == {"aot_q::add"}
     rep = cm.report()
     assert "aot_q.add.default" in rep and "forced by fallback_ops" in rep
@@ -238,7 +243,7 @@ def test_pt2e_quantized_decomposed_ops_compile():
 
     m, x = M(), torch.randn(2, 16)
     cm = aot.compile(m, (x,))
-    assert not cm.manifest["kernel_calls"]  # decomposed and compiled
+    assert not kernel_call_ops(cm.manifest)  # decomposed and compiled
     torch.testing.assert_close(cm(x), m(x), rtol=0, atol=0.02 + 1e-6)
     torch.testing.assert_close(aot.compile(m, (x,), fallback="all")(x), m(x), rtol=0, atol=0)
 
@@ -246,7 +251,7 @@ def test_pt2e_quantized_decomposed_ops_compile():
 def test_default_placement_keeps_quantized_convs_where_they_measure_faster(qresnet_x86):
     model, (x,) = qresnet_x86
     cm = aot.compile(model, (x,))
-    for k in cm.manifest["kernel_calls"]:
+    for k in kernel_call_ops(cm.manifest):
         assert k["op"].startswith("aot_q::")
         assert k["reason"].startswith("ATen's kernel is faster here")
     ref, out = model(x), cm(x)

@@ -7,6 +7,7 @@ import torch
 
 import aot
 from aot.fallback import static_values
+from aot.reporting import kernel_call_ops
 
 _lib = torch.library.Library("aot_test", "FRAGMENT")
 _lib.define("fail_if_negative(Tensor x) -> Tensor")
@@ -35,7 +36,7 @@ def test_several_and_strided_results():
     m = MultiResult().eval()
     x = torch.randn(4, 8)
     cm = aot.compile(m, (x,), fallback_ops=["aten.topk", "aten.t", "aten.permute"])
-    calls = {k["op"] for k in cm.manifest["kernel_calls"]}
+    calls = {k["op"] for k in kernel_call_ops(cm.manifest)}
     assert "aten::topk" in calls
     out, ref = cm(x), m(x)
     for a, b in zip(out, ref):
@@ -123,11 +124,11 @@ def test_runtime_scalars_cross_kernel_calls(mode):
     x, n, s = torch.randn(4, 5), torch.tensor(3), torch.tensor(0.25)
     # mul.Tensor forced out: its SymInt operand becomes a host-function scalar.
     cm = aot.compile(m, (x, n, s), fallback=mode, fallback_ops=["aten.mul.Tensor"])
-    kinds = [o["scalar_kind"] for k in cm.manifest["kernel_calls"]
+    kinds = [o["scalar_kind"] for k in kernel_call_ops(cm.manifest)
              for o in k["operands"] if o["kind"] == "scalar"]
     assert "i" in kinds
     if mode == "all":  # item itself runs in ATen and hands back a scalar result
-        assert any(k["result_kinds"] in ("i", "f") for k in cm.manifest["kernel_calls"])
+        assert any(k["result_kinds"] in ("i", "f") for k in kernel_call_ops(cm.manifest))
     # Values differ from the example: the result must follow them, not the baked example.
     for n2, s2 in [(torch.tensor(3), torch.tensor(0.25)), (torch.tensor(-2), torch.tensor(1.5))]:
         out, ref = cm(x, n2, s2), m(x, n2, s2)
@@ -157,3 +158,35 @@ def test_data_dependent_output_shape_is_a_clear_error():
 
     with pytest.raises(aot.UnsupportedOp, match="data-dependent shape"):
         aot.compile(M(), (torch.randn(3), torch.tensor(2)))
+
+
+class Neighbours(torch.nn.Module):
+    """Three uncovered ops in a row, one result also read by compiled code in between."""
+
+    def forward(self, x):
+        a = torch.special.i0(x)          # not lowered by IREE 3.13
+        b = a * 2                        # compiled; reads a group member's result
+        c = torch.special.i0(a + 0.0)    # ... but a+0.0 is compiled: breaks the run
+        d = torch.special.i1(torch.special.i0(c))
+        return b, d
+
+
+def test_neighbouring_kernel_calls_cross_once():
+    m, x = Neighbours().eval(), torch.randn(3, 4)
+    cm = aot.compile(m, (x,))
+    groups = [k for k in cm.manifest["kernel_calls"] if k["members"]]
+    assert groups, cm.report()
+    g = groups[-1]
+    assert len(g["members"]) >= 2 and g["members"][0]["op"] == "aten::special_i0"
+    per_op = len(kernel_call_ops(cm.manifest))
+    before = cm.kernel_call_count
+    out = cm(x)
+    assert cm.kernel_call_count - before == len(cm.manifest["kernel_calls"]) < per_op
+    for o, r in zip(out, m(x)):
+        torch.testing.assert_close(o, r, rtol=1e-6, atol=1e-6)
+    # fallback="all": the whole program is one group, bit-exact, one crossing per run
+    cm_all = aot.compile(m, (x,), fallback="all")
+    before = cm_all.kernel_call_count
+    for o, r in zip(cm_all(x), m(x)):
+        torch.testing.assert_close(o, r, rtol=0, atol=0)
+    assert cm_all.kernel_call_count - before == 1
