@@ -61,7 +61,11 @@ def compile(model, args=(), *, example_kwargs=None, target: str = "cpu", fallbac
     policy = PlacementPolicy.make(fallback, fallback_ops, placement)
     tgt = get_target(target, tuple(extra_flags), profile)
     imported = import_model(model, args, example_kwargs, ImportOptions(strict=strict))
-    return CompiledModule(compile_model(imported, tgt, policy))
+    # Compiling never needs the target device: without it, the module opens the
+    # device on its first call (a clear error there) and can be saved meanwhile.
+    import torch
+    here = tgt.driver.startswith("local") or torch.cuda.is_available()
+    return CompiledModule(compile_model(imported, tgt, policy), open_device=here)
 
 
 def report(module_or_path) -> str:

@@ -12,16 +12,18 @@ memory once the call returns).
 from __future__ import annotations
 
 import logging
+import warnings
 from dataclasses import dataclass, field
 
 import torch
 import iree.runtime as rt
 
 from ..errors import ArtifactError, InputMismatch, KernelCallFailed
-from ..runtime.device import as_storage, buffer_view_to_torch, torch_to_buffer_view
+from ..runtime.device import as_storage, buffer_view_to_torch, sync_torch, torch_to_buffer_view
 from ..torch_tensor import dtype_from_name
 from .quantized_ops import PREPACKED
-from .spec import HOST_MODULE, KernelCallSpec, StaticArg, TensorArg, resolve_op
+from .spec import (HOST_MODULE, KernelCallSpec, StaticArg, TensorArg, lacks_cuda_kernel,
+                   resolve_op)
 
 __all__ = ["HostModule", "make_host_module", "HOST_MODULE"]
 log = logging.getLogger(__name__)
@@ -94,6 +96,12 @@ class _KernelCall:
         else:
             self.op = _resolve(spec)
         self.torch_device = torch.device("cpu") if driver.startswith("local") else torch.device("cuda")
+        # An op with no CUDA kernel in ATen (quantized kernels) runs on the CPU:
+        # operands copied over and results copied back (reported at compile time).
+        self.on_cpu = driver == "cuda" and lacks_cuda_kernel(spec)
+        if self.on_cpu:
+            warnings.warn(f"kernel call {spec.key} ({spec.qualified_name}) has no CUDA kernel in "
+                          "ATen: it runs on the CPU with copies across devices", stacklevel=2)
 
     def __call__(self, *refs):
         try:
@@ -108,6 +116,8 @@ class _KernelCall:
         raw = [as_storage(buffer_view_to_torch(self.device, r.deref(rt.HalBufferView), self.driver),
                           dtype_from_name(s.storage_dtype))
                for r, s in zip(refs[:n], self.spec.inputs)]
+        if self.on_cpu:
+            raw = [t.cpu() for t in raw]
         # quantized operands: real quantized tensors over the same memory
         tensors = [s.from_storage(t) for s, t in zip(self.spec.inputs, raw)]
         if self.spec.is_group:
@@ -128,6 +138,7 @@ class _KernelCall:
                 vals.append(self._tensor_result(i, r, next(tensor_specs), in_ptrs))
             else:
                 vals.append(float(r) if kind == "f" else int(r))
+        sync_torch(self.driver)  # results complete before IREE's stream reads them
         return vals[0] if len(vals) == 1 else tuple(vals)
 
     def _call(self, spec, op, args, kwargs):
@@ -162,6 +173,8 @@ class _KernelCall:
                 op=self.spec.qualified_name, location=self.spec.location)
         if not r.is_contiguous() or _storage_ptr(r) in in_ptrs:
             r = r.contiguous() if not r.is_contiguous() else r.clone()
+        if self.on_cpu:
+            r = r.to(self.torch_device)
         return torch_to_buffer_view(self.device, r, f"{self.spec.key} result {i}").ref
 
 

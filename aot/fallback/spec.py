@@ -19,7 +19,8 @@ import torch
 from ..torch_tensor import TorchTensor
 from . import static_values
 
-__all__ = ["HOST_MODULE", "GROUP_OP", "TensorArg", "TensorListArg", "ScalarArg", "StaticArg", "KernelCallSpec", "resolve_op"]
+__all__ = ["HOST_MODULE", "GROUP_OP", "TensorArg", "TensorListArg", "ScalarArg", "StaticArg", "KernelCallSpec", "resolve_op",
+           "lacks_cuda_kernel"]
 
 # The IREE module name kernel calls are imported from (compile side) and that the
 # fallback executor registers (run side).
@@ -229,3 +230,20 @@ def resolve_op(op: str, overload: str):
     except (AttributeError, RuntimeError) as e:
         raise LookupError(f"op {ns}::{name}.{overload} is not registered in this process; "
                           f"import the library that defines it before loading") from e
+
+
+_NO_CUDA_NAMESPACES = ("aot_q", "quantized", "quantized_decomposed")
+
+
+def lacks_cuda_kernel(spec: KernelCallSpec) -> bool:
+    """True when ATen cannot run this call (or a member of the group) on CUDA tensors."""
+    if spec.is_group:
+        return any(lacks_cuda_kernel(m) for m in spec.members)
+    if spec.op.split("::")[0] in _NO_CUDA_NAMESPACES:
+        return True
+    name = spec.op if spec.overload == "default" else f"{spec.op}.{spec.overload}"
+    keys = ("CUDA", "CompositeImplicitAutograd", "CompositeExplicitAutograd")
+    try:
+        return not any(torch._C._dispatch_has_kernel_for_dispatch_key(name, k) for k in keys)
+    except RuntimeError:
+        return False  # unknown to the dispatcher here: let the call itself report

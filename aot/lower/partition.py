@@ -20,7 +20,7 @@ from ..errors import UnsupportedOp
 from ..fallback import static_values
 from ..fallback.quantized_ops import QUANT_OPERANDS
 from ..fallback.spec import (GROUP_OP, KernelCallSpec, ScalarArg, StaticArg, TensorArg,
-                             TensorListArg)
+                             TensorListArg, lacks_cuda_kernel)
 from ..importer.decompositions import decomposition_for
 from ..importer.fx_import import DROP, import_graph, stateless_graph
 from ..importer.locations import node_location
@@ -120,8 +120,18 @@ def partition(imported: ImportedProgram, target: Target,
     graph = stateless_graph(ep, lambda n, g, env: _rewrite(n, g, env, decided, specs, grouping,
                                                           node_keys))
     module = outline_kernel_calls(import_graph(graph), specs)
+    on_cpu = set()
+    if target.name == "cuda":
+        on_cpu = {s.key for s in specs if lacks_cuda_kernel(s)}
+        for s in specs:
+            if s.key in on_cpu:
+                log.warning("%s has no CUDA kernel in ATen: on the GPU it will run on the CPU, "
+                            "its operands copied across devices", s.qualified_name)
+    note = " [no CUDA kernel in ATen: runs on the CPU, operands copied across devices]"
     placements = tuple(
-        Placement(p.node, p.op, p.where, p.reason, p.location, p.flops, node_keys.get(p.node))
+        Placement(p.node, p.op, p.where,
+                  p.reason + (note if node_keys.get(p.node) in on_cpu else ""), p.location,
+                  p.flops, node_keys.get(p.node))
         for p in placements)
     producers = {n.name: tuple(a.name for a in n.all_input_nodes if a.op == "call_function")
                  for n in _op_nodes(ep)}

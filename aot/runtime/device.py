@@ -13,17 +13,37 @@ import iree.runtime as rt
 
 from ..errors import ArtifactError, InputMismatch
 
-__all__ = ["get_device", "torch_to_buffer_view", "buffer_view_to_torch", "DLPACK_DEVICE"]
+__all__ = ["get_device", "torch_to_buffer_view", "buffer_view_to_torch", "DLPACK_DEVICE",
+           "sync_torch", "cuda_unavailable_reason", "as_storage"]
 
 DLPACK_DEVICE = {"local-task": 1, "local-sync": 1, "cuda": 2}  # kDLCPU, kDLCUDA
 _devices: dict[str, "rt.HalDevice"] = {}
 _lock = threading.Lock()
 
 
+def cuda_unavailable_reason() -> str | None:
+    """Why CUDA artifacts cannot run in this process, or None when they can."""
+    if not torch.cuda.is_available():
+        return ("no CUDA device is available to torch (torch.cuda.is_available() is False); "
+                "compile and save for 'cuda' anywhere, run on a machine with an NVIDIA GPU")
+    return None
+
+
 def get_device(driver: str) -> "rt.HalDevice":
-    """The process-wide device for ``driver`` (created on first use)."""
+    """The process-wide device for ``driver`` (created on first use).
+
+    CUDA: IREE's default pooled (async) allocations cannot be exported through
+    DLPack ("CUDA buffer type is not supported for export"), so they are turned
+    off before the device is created; results then come back to torch without
+    copies.
+    """
     with _lock:
         if driver not in _devices:
+            if driver == "cuda":
+                why = cuda_unavailable_reason()
+                if why:
+                    raise ArtifactError(f"cannot run a CUDA artifact: {why}", stage="load")
+                rt.flags.parse_flags("--cuda_async_allocations=false")
             try:
                 _devices[driver] = rt.get_device(driver)
             except Exception as e:
@@ -45,8 +65,21 @@ def torch_to_buffer_view(device: "rt.HalDevice", t: torch.Tensor, name: str) -> 
 
 
 def buffer_view_to_torch(device: "rt.HalDevice", bv: "rt.HalBufferView", driver: str) -> torch.Tensor:
-    """A torch tensor over an IREE buffer view's memory (no copy)."""
+    """A torch tensor over an IREE buffer view's memory (no copy; CUDA device 0)."""
     return torch.from_dlpack(device.create_dlpack_capsule(bv, DLPACK_DEVICE[driver], 0))
+
+
+def sync_torch(driver: str) -> None:
+    """Make work torch queued on its current CUDA stream visible to IREE (no-op on CPU).
+
+    IREE runs on its own CUDA stream and does not know torch's; a tensor torch
+    produced (a model input, a kernel call's result) is complete only once
+    torch's stream has drained. Called once before invoking the module and at
+    the end of every kernel call on CUDA; IREE itself finishes its own work
+    before it calls a host function and before ``invoke`` returns.
+    """
+    if driver == "cuda":
+        torch.cuda.current_stream().synchronize()
 
 
 def as_storage(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:

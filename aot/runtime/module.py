@@ -21,7 +21,7 @@ from ..fallback import static_values
 from ..fallback.executor import make_host_module
 from ..fallback.spec import KernelCallSpec
 from ..torch_tensor import TorchTensor, dtype_from_name
-from .device import as_storage, buffer_view_to_torch, get_device, torch_to_buffer_view
+from .device import as_storage, buffer_view_to_torch, get_device, sync_torch, torch_to_buffer_view
 
 __all__ = ["CompiledModule", "load"]
 log = logging.getLogger(__name__)
@@ -38,8 +38,9 @@ class CompiledModule:
             call's op is not registered in this process.
     """
 
-    def __init__(self, artifact: CompiledArtifact):
+    def __init__(self, artifact: CompiledArtifact, *, open_device: bool = True):
         self.artifact = artifact
+        self.host = None
         m = artifact.manifest
         self.driver: str = m["driver"]
         self.inputs = [TorchTensor.from_json(i) if "dtype" in i else ("static", i["static"])
@@ -49,8 +50,10 @@ class CompiledModule:
         self.in_spec = pytree.treespec_loads(m["in_spec"])
         self.out_spec = pytree.treespec_loads(m["out_spec"])
         self.kernel_calls = [KernelCallSpec.from_json(k) for k in m["kernel_calls"]]
-        self.torch_device = torch.device("cpu") if self.driver.startswith("local") else torch.device("cuda")
-        self._open()
+        self.torch_device = (torch.device("cpu") if self.driver.startswith("local")
+                             else torch.device("cuda", 0))
+        if open_device:
+            self._open()
         _live.add(self)
 
     def _open(self) -> None:
@@ -72,7 +75,7 @@ class CompiledModule:
     @property
     def kernel_call_count(self) -> int:
         """Kernel calls made by this module so far (one per crossing into ATen)."""
-        return self.host.calls
+        return self.host.calls if self.host is not None else 0
 
     def save(self, path: str) -> None:
         """Write the artifact to one file, loadable by :func:`load`."""
@@ -90,13 +93,16 @@ class CompiledModule:
             flat = self.in_spec.flatten_up_to((args, kwargs))
         except (ValueError, TypeError, KeyError):
             raise InputMismatch(self._structure_error(args, kwargs)) from None
+        if self.host is None:  # compiled where the target device is absent: open it now
+            self._open()
         arg_list = rt.VmVariantList(len(flat))
         keep = []
         for leaf, want, name in zip(flat, self.inputs, self.input_names):
             if isinstance(want, TorchTensor):
                 want.check(leaf, name)
-                if leaf.device.type != self.torch_device.type:
-                    raise InputMismatch(f"{name}: expected a tensor on {self.torch_device.type} "
+                if leaf.device.type != self.torch_device.type or (
+                        leaf.device.type == "cuda" and (leaf.device.index or 0) != 0):
+                    raise InputMismatch(f"{name}: expected a tensor on {self.torch_device} "
                                         f"(module compiled for {self.manifest['target']}), got "
                                         f"one on {leaf.device}")
                 # quantized: its integer representation (qparams checked above);
@@ -110,6 +116,7 @@ class CompiledModule:
                     raise InputMismatch(f"{name}: the model was compiled with the value "
                                         f"{expected!r} here, got {leaf!r}; recompile to change it")
         results = rt.VmVariantList(len(self.outputs))
+        sync_torch(self.driver)  # inputs torch is still writing on its stream
         self._invoke(arg_list, results)
         outs = [self._output(results, i, o) for i, o in enumerate(self.outputs)]
         return pytree.tree_unflatten(outs, self.out_spec)
@@ -147,6 +154,7 @@ class CompiledModule:
         """Release IREE objects now (also done at interpreter exit)."""
         for attr in ("context", "main", "host", "instance", "device"):
             self.__dict__.pop(attr, None)
+        self.host = None
 
     def __repr__(self) -> str:
         m = self.manifest
