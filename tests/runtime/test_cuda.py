@@ -102,8 +102,6 @@ def test_kernel_call_crossing_cost_on_gpu(capsys):
 
 @pytest.mark.gpu
 def test_quantized_op_falls_back_across_devices_with_warning():
-    from aot.fallback.spec import KernelCallSpec, lacks_cuda_kernel  # noqa: F401
-
     class Q(torch.nn.Module):
         def forward(self, x):
             q = torch.quantize_per_tensor(x, 0.1, 3, torch.quint8)
