@@ -96,6 +96,7 @@ class _KernelCall:
         else:
             self.op = _resolve(spec)
         self.torch_device = torch.device("cpu") if driver.startswith("local") else torch.device("cuda")
+        self.storage = [dtype_from_name(t.storage_dtype) for t in spec.inputs]
         # An op with no CUDA kernel in ATen (quantized kernels) runs on the CPU:
         # operands copied over and results copied back (reported at compile time).
         self.on_cpu = driver == "cuda" and lacks_cuda_kernel(spec)
@@ -114,8 +115,8 @@ class _KernelCall:
         self.host.calls += 1
         n = len(self.spec.inputs)
         raw = [as_storage(buffer_view_to_torch(self.device, r.deref(rt.HalBufferView), self.driver),
-                          dtype_from_name(s.storage_dtype))
-               for r, s in zip(refs[:n], self.spec.inputs)]
+                          dtype)
+               for r, dtype in zip(refs[:n], self.storage)]
         if self.on_cpu:
             raw = [t.cpu() for t in raw]
         # quantized operands: real quantized tensors over the same memory

@@ -12,8 +12,6 @@ and flags, like coverage verdicts: measured once, not guessed.
 
 from __future__ import annotations
 
-import hashlib
-import json
 import logging
 import os
 import platform
@@ -26,6 +24,7 @@ import torch.fx
 from torch.fx.node import map_aggregate
 
 from .coverage import _probe_graph, op_signature
+from .disk_cache import JsonCache
 from .targets import Target
 
 __all__ = ["Cost", "CostCache", "measure_nodes", "measure_decomposed", "MIN_FLOPS", "CROSSING_MS"]
@@ -61,36 +60,18 @@ def _machine_key() -> str:
     return f"{cpu}|{os.cpu_count()}|{torch.get_num_threads()}|{torch.__version__}"
 
 
-class CostCache:
+class CostCache(JsonCache):
     """Measurements on disk, one JSON file per machine, IREE version, target and flags."""
 
     def __init__(self, target: Target, directory: str | None = None):
-        import iree.compiler.version as v
-        directory = directory or os.environ.get("AOT_CACHE_DIR") or os.path.join(
-            os.path.expanduser("~"), ".cache", "aot")
-        key = hashlib.sha256((" ".join(target.flags) + _machine_key()).encode()).hexdigest()[:12]
-        ver = getattr(v, "VERSION", "unknown")
-        self.path = os.path.join(directory, f"cost-{ver}-{target.name}-{key}.json")
-        try:
-            with open(self.path) as f:
-                self._data = json.load(f)
-        except (OSError, ValueError):
-            self._data = {}
+        super().__init__("cost", target, key=_machine_key(), directory=directory)
 
     def get(self, sig: str) -> Cost | None:
-        d = self._data.get(sig)
+        d = self.data.get(sig)
         return Cost(d["aten_ms"], d["iree_ms"]) if d else None
 
     def put(self, sig: str, cost: Cost) -> None:
-        self._data[sig] = {"aten_ms": cost.aten_ms, "iree_ms": cost.iree_ms}
-        try:
-            os.makedirs(os.path.dirname(self.path), exist_ok=True)
-            tmp = f"{self.path}.{os.getpid()}.tmp"
-            with open(tmp, "w") as f:
-                json.dump(self._data, f, indent=0, sort_keys=True)
-            os.replace(tmp, self.path)
-        except OSError as e:
-            log.warning("could not write cost cache %s: %s", self.path, e)
+        self.update({sig: {"aten_ms": cost.aten_ms, "iree_ms": cost.iree_ms}})
 
 
 def _real(val, device):

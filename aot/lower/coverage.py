@@ -9,11 +9,7 @@ only when that fails is each compiled alone to find the culprits.
 
 from __future__ import annotations
 
-import hashlib
-import json
 import logging
-import os
-import threading
 from dataclasses import dataclass
 
 import torch
@@ -21,6 +17,7 @@ import torch.fx
 from torch.fx.node import map_aggregate
 
 from ..importer.fx_import import import_graph
+from .disk_cache import JsonCache
 from .iree_compile import first_error, try_compile
 from .targets import Target
 
@@ -53,39 +50,18 @@ def op_signature(node: torch.fx.Node) -> str:
     return f"{node.target}({', '.join(parts)})"
 
 
-class CoverageCache:
-    """Verdicts on disk (``$AOT_CACHE_DIR`` or ``~/.cache/aot``), one JSON file per version."""
-
-    _lock = threading.Lock()
+class CoverageCache(JsonCache):
+    """Verdicts on disk, one JSON file per IREE version, target and flags."""
 
     def __init__(self, target: Target, directory: str | None = None):
-        import iree.compiler.version as v
-        directory = directory or os.environ.get("AOT_CACHE_DIR") or os.path.join(
-            os.path.expanduser("~"), ".cache", "aot")
-        flags = hashlib.sha256(" ".join(target.flags).encode()).hexdigest()[:12]
-        ver = getattr(v, "VERSION", getattr(v, "PACKAGE_SUFFIX", "unknown"))
-        self.path = os.path.join(directory, f"coverage-{ver}-{target.name}-{flags}.json")
-        self._data: dict[str, dict] = {}
-        try:
-            with open(self.path) as f:
-                self._data = json.load(f)
-        except (OSError, ValueError):
-            self._data = {}
+        super().__init__("coverage", target, directory=directory)
 
     def get(self, sig: str) -> Verdict | None:
-        d = self._data.get(sig)
+        d = self.data.get(sig)
         return Verdict(d["covered"], d.get("reason", "")) if d else None
 
     def put_all(self, verdicts: dict[str, Verdict]) -> None:
-        self._data.update({k: {"covered": v.covered, "reason": v.reason} for k, v in verdicts.items()})
-        try:
-            os.makedirs(os.path.dirname(self.path), exist_ok=True)
-            tmp = f"{self.path}.{os.getpid()}.tmp"
-            with self._lock, open(tmp, "w") as f:
-                json.dump(self._data, f, indent=0, sort_keys=True)
-            os.replace(tmp, self.path)
-        except OSError as e:  # a read-only home must not stop compilation
-            log.warning("could not write coverage cache %s: %s", self.path, e)
+        self.update({k: {"covered": v.covered, "reason": v.reason} for k, v in verdicts.items()})
 
 
 def _probe_graph(node: torch.fx.Node) -> torch.fx.Graph:

@@ -30,22 +30,23 @@ def _const_name(ep, node):
     return sig.inputs_to_parameters.get(node.name) or sig.inputs_to_buffers.get(node.name)
 
 
+def _foldable_pair(bn: torch.fx.Node) -> bool:
+    """A batch norm whose input is a conv2d read by nothing else."""
+    conv = bn.args[0] if bn.op == "call_function" and bn.target == _BN else None
+    return (isinstance(conv, torch.fx.Node) and conv.target == aten.conv2d.default
+            and len(conv.users) == 1)
+
+
 def fold_batch_norm(ep: torch.export.ExportedProgram) -> torch.export.ExportedProgram:
     """A copy of ``ep`` with conv -> batch norm pairs folded (``ep`` is untouched)."""
-    candidates = [n for n in ep.graph.nodes if n.op == "call_function" and n.target == _BN
-                  and isinstance(n.args[0], torch.fx.Node)
-                  and n.args[0].target == aten.conv2d.default and len(n.args[0].users) == 1]
-    if not candidates:
+    if not any(_foldable_pair(n) for n in ep.graph.nodes):
         return ep
     ep = copy.deepcopy(ep)
     state = ep.state_dict
     g = ep.graph
     folded = 0
-    for bn in [n for n in g.nodes if n.op == "call_function" and n.target == _BN]:
+    for bn in [n for n in g.nodes if _foldable_pair(n)]:
         conv = bn.args[0]
-        if not (isinstance(conv, torch.fx.Node) and conv.target == aten.conv2d.default
-                and len(conv.users) == 1):
-            continue
         x, w, b = (list(conv.args) + [None] * 3)[:3]
         gamma, beta, mean, var = bn.args[1:5]
         eps = bn.args[6]
@@ -57,10 +58,8 @@ def fold_batch_norm(ep: torch.export.ExportedProgram) -> torch.export.ExportedPr
         if len(w.users) != 1 or len(beta.users) != 1:
             continue
         uses = list(bn.users)
-        if not all(u.target == operator.getitem and u.args[1] == 0 for u in uses) \
-                and not all(u.target == operator.getitem for u in uses):
-            continue
-        if any(u.args[1] != 0 and u.users for u in uses):
+        if not all(u.target is operator.getitem for u in uses) \
+                or any(u.args[1] != 0 and u.users for u in uses):
             continue  # the batch statistics outputs are used: keep the op
         wt, gt, bt, mt, vt = (state[nm] for nm in names)
         with torch.no_grad():

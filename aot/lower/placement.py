@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import torch
 
 from ..errors import UnsupportedOp
+from ..fallback import quantized_ops  # noqa: F401  (registers aot_q, a namespace users may name)
 
 __all__ = ["POLICIES", "Placement", "PlacementPolicy", "op_name", "matches_forced"]
 
@@ -83,8 +84,6 @@ def op_name(target) -> str:
 
 
 def _is_namespace(name: str) -> bool:
-    if name == "aot_q":
-        from ..fallback import quantized_ops  # noqa: F401  (registers the namespace)
     prefix = name + "::"
     return any(s.name.startswith(prefix) for s in torch._C._jit_get_all_schemas())
 

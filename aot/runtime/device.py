@@ -84,6 +84,6 @@ def sync_torch(driver: str) -> None:
 
 def as_storage(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """Reinterpret a buffer IREE typed signless (``i8``) as the dtype the spec says (``uint8``)."""
-    if t.dtype == dtype or t.element_size() != torch.empty((), dtype=dtype).element_size():
+    if t.dtype == dtype or t.element_size() != dtype.itemsize:
         return t
     return t.view(dtype)

@@ -47,6 +47,7 @@ class CompiledModule:
                        for i in m["inputs"]]
         self.input_names = m.get("input_names") or [f"input {i}" for i in range(len(self.inputs))]
         self.outputs = [TorchTensor.from_json(o) for o in m["outputs"]]
+        self._out_storage = [dtype_from_name(o.storage_dtype) for o in self.outputs]
         self.in_spec = pytree.treespec_loads(m["in_spec"])
         self.out_spec = pytree.treespec_loads(m["out_spec"])
         self.kernel_calls = [KernelCallSpec.from_json(k) for k in m["kernel_calls"]]
@@ -134,8 +135,7 @@ class CompiledModule:
 
     def _output(self, results, i: int, spec: TorchTensor) -> torch.Tensor:
         bv = results.get_as_object(i, rt.HalBufferView)
-        t = as_storage(buffer_view_to_torch(self.device, bv, self.driver),
-                       dtype_from_name(spec.storage_dtype))
+        t = as_storage(buffer_view_to_torch(self.device, bv, self.driver), self._out_storage[i])
         if not spec.is_contiguous:
             # Give back the layout eager returns (e.g. channels-last or a transpose).
             out = torch.empty_strided(spec.shape, spec.strides, dtype=t.dtype, device=t.device)

@@ -119,14 +119,20 @@ class _QuantizedIO(torch.nn.Module):
         return self.pool(self.add.add_relu(self.conv(x), x))
 
 
-def _quantized_io_model():
+def _eager_quantize(m, calibration):
+    """x86 eager-mode quantization: prepare, calibrate on ``calibration``, convert."""
     torch.backends.quantized.engine = "x86"
-    m = _QuantizedIO().eval()
+    m = m.eval()
     m.qconfig = tq.get_default_qconfig("x86")
     tq.prepare(m, inplace=True)
-    # calibrate: observers see float data; the converted model takes quint8
-    m(torch.randn(2, 4, 8, 8))
+    m(calibration)
     tq.convert(m, inplace=True)
+    return m
+
+
+def _quantized_io_model():
+    # calibrate: observers see float data; the converted model takes quint8
+    m = _eager_quantize(_QuantizedIO(), torch.randn(2, 4, 8, 8))
     xq = torch.quantize_per_tensor(torch.randn(2, 4, 8, 8), 0.05, 10, torch.quint8)
     return m, xq
 
@@ -187,12 +193,7 @@ def test_unmodelled_op_on_quantized_tensor_is_refused_not_wrong():
             y = self.conv(self.quant(x))
             return self.dequant(torch.relu(y))  # quantized relu: clamps at the zero point
 
-    torch.backends.quantized.engine = "x86"
-    m = M().eval()
-    m.qconfig = tq.get_default_qconfig("x86")
-    tq.prepare(m, inplace=True)
-    m(torch.randn(2, 3, 8, 8))
-    tq.convert(m, inplace=True)
+    m = _eager_quantize(M(), torch.randn(2, 3, 8, 8))
     assert m.conv.zero_point != 0  # so relu on the integers would change nothing: wrong
     with pytest.raises(aot.UnsupportedOp, match="differs from the original"):
         aot.compile(m, (torch.randn(2, 3, 8, 8),))
