@@ -47,7 +47,9 @@ def compile(model, args=(), *, example_kwargs=None, target: str = "cpu", fallbac
             ``aot/lower/targets.py``) or ``"iree-default"`` (IREE as it comes).
         placement: ``"auto"``: heavy ops IREE covers (convolutions, matmuls) run
             where they measure faster on this machine, IREE or ATen (measured
-            once, cached); ``"coverage"``: everything IREE covers is compiled.
+            once, cached), and a program with heavy ops is then timed end to
+            end against whole ATen regions (``aot.lower.regions``), keeping
+            the faster; ``"coverage"``: everything IREE covers is compiled.
     Returns:
         CompiledModule: call it like the model; ``.save(path)``, ``.report()``.
     Raises:
@@ -65,7 +67,8 @@ def compile(model, args=(), *, example_kwargs=None, target: str = "cpu", fallbac
     # device on its first call (a clear error there) and can be saved meanwhile.
     import torch
     here = tgt.driver.startswith("local") or torch.cuda.is_available()
-    return CompiledModule(compile_model(imported, tgt, policy), open_device=here)
+    example = (args if isinstance(args, tuple) else (args,), dict(example_kwargs or {}))
+    return CompiledModule(compile_model(imported, tgt, policy, example), open_device=here)
 
 
 def report(module_or_path) -> str:

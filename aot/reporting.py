@@ -37,6 +37,14 @@ def format_report(manifest: dict) -> str:
         f"ops: {total} total, {s['ops_compiled']} compiled by IREE, "
         f"{s['ops_fallback']} kernel calls into ATen",
     ]
+    region = manifest.get("region")
+    if region:
+        times = ", ".join(f"{k} {v:.3f}" for k, v in region["candidates_ms"].items())
+        lines.append(f"region placement, measured end to end on this machine (median ms): "
+                     f"{times} -> {region['chosen']}")
+    ex = manifest.get("executor") or {}
+    if ex.get("memory_format") == "channels_last":
+        lines.append("ATen regions run convolutions channels-last (NHWC)")
     if s["flops_compiled"] or s["flops_fallback"]:
         lines.append(f"FLOPs (where known): {_gflops(s['flops_compiled'])} compiled, "
                      f"{_gflops(s['flops_fallback'])} in ATen")

@@ -21,11 +21,14 @@ import iree.runtime as rt
 from ..errors import ArtifactError, InputMismatch, KernelCallFailed
 from ..runtime.device import as_storage, buffer_view_to_torch, sync_torch, torch_to_buffer_view
 from ..torch_tensor import dtype_from_name
+from .bound import BoundCall
+from .cuda_graph import GraphedRegion
+from .layout import CONV_OPS, ChannelsLast, has_conv, layout_safe
 from .quantized_ops import PREPACKED
 from .spec import (HOST_MODULE, KernelCallSpec, StaticArg, TensorArg, lacks_cuda_kernel,
                    resolve_op)
 
-__all__ = ["HostModule", "make_host_module", "HOST_MODULE"]
+__all__ = ["HostModule", "ExecOptions", "make_host_module", "HOST_MODULE"]
 log = logging.getLogger(__name__)
 
 
@@ -41,6 +44,32 @@ class HostModule:
     def take_error(self) -> BaseException | None:
         err, self.pending_error = self.pending_error, None
         return err
+
+
+@dataclass(frozen=True)
+class ExecOptions:
+    """How the host runs groups; the manifest's ``"executor"`` entry.
+
+    ``memory_format="channels_last"``: convolution groups whose ops are all
+    layout-safe run NHWC (``aot.fallback.layout``). ``cuda_graphs``: on CUDA a
+    group is replayed from a CUDA graph after its first call
+    (``aot.fallback.cuda_graph``).
+    """
+
+    memory_format: str = "contiguous"
+    cuda_graphs: bool = True
+
+    def to_json(self) -> dict:
+        return {"memory_format": self.memory_format, "cuda_graphs": self.cuda_graphs}
+
+    @staticmethod
+    def from_json(d: dict | None) -> "ExecOptions":
+        d = d or {}
+        fmt = d.get("memory_format", "contiguous")
+        if fmt not in ("contiguous", "channels_last"):
+            raise ArtifactError(f"executor memory_format {fmt!r} is not contiguous or "
+                                "channels_last", stage="load")
+        return ExecOptions(fmt, bool(d.get("cuda_graphs", True)))
 
 
 def _storage_ptr(t: torch.Tensor) -> int:
@@ -88,13 +117,9 @@ class _Slots:
 class _KernelCall:
     """One host function: buffer views in, buffer views out."""
 
-    def __init__(self, spec: KernelCallSpec, device, driver: str, host: HostModule):
+    def __init__(self, spec: KernelCallSpec, device, driver: str, host: HostModule,
+                 options: ExecOptions = ExecOptions()):
         self.spec, self.device, self.driver, self.host = spec, device, driver, host
-        if spec.is_group:
-            self.op = None
-            self.members = [(m, _resolve(m)) for m in spec.members]
-        else:
-            self.op = _resolve(spec)
         self.torch_device = torch.device("cpu") if driver.startswith("local") else torch.device("cuda")
         self.storage = [dtype_from_name(t.storage_dtype) for t in spec.inputs]
         # An op with no CUDA kernel in ATen (quantized kernels) runs on the CPU:
@@ -103,6 +128,36 @@ class _KernelCall:
         if self.on_cpu:
             warnings.warn(f"kernel call {spec.key} ({spec.qualified_name}) has no CUDA kernel in "
                           "ATen: it runs on the CPU with copies across devices", stacklevel=2)
+        self.bound = None if spec.is_group else BoundCall(spec, _resolve(spec), self.torch_device)
+        self.region = None
+        if spec.is_group:
+            self._prepare_group(options)
+
+    def _prepare_group(self, options: ExecOptions) -> None:
+        ops = [m.op for m in self.spec.members]
+        self.nhwc = (ChannelsLast() if options.memory_format == "channels_last"
+                     and layout_safe(ops) and has_conv(ops) else None)
+        self.members = []
+        for m in self.spec.members:
+            op = _resolve(m)
+            if self.nhwc is not None:
+                op = self.nhwc.op_for(m.op, op)
+            weight = next((o for o in m.operands if isinstance(o, TensorArg) and o.name == "weight"), None)
+            self.members.append((BoundCall(m, op, self.torch_device), m.op in CONV_OPS,
+                                 bool(weight and weight.constant),
+                                 any(isinstance(o, TensorArg) and o.spec.qparams is not None
+                                     for o in m.operands)
+                                 or any(r.qparams is not None for r in m.results)))
+        # quantized slots are adapted per member (quantized tensor or its integer storage)
+        self.adapt = any(q for *_, q in self.members) or any(
+            s.qparams is not None for s in self.spec.inputs)
+        if options.cuda_graphs and self.driver == "cuda" and not self.on_cpu:
+            constant = [False] * len(self.spec.inputs)
+            for m in self.spec.members:
+                for o in m.operands:
+                    if isinstance(o, TensorArg) and o.constant and o.index < len(constant):
+                        constant[o.index] = True
+            self.region = GraphedRegion(self._run_members, constant, self.spec.key)
 
     def __call__(self, *refs):
         try:
@@ -122,10 +177,10 @@ class _KernelCall:
         # quantized operands: real quantized tensors over the same memory
         tensors = [s.from_storage(t) for s, t in zip(self.spec.inputs, raw)]
         if self.spec.is_group:
-            outs = self._run_group(tensors)
+            outs = self.region(tensors) if self.region is not None else self._run_members(tensors)
         else:
-            args, kwargs = self.spec.bind(tensors, self.torch_device, refs[n:])
-            out = self._call(self.spec, self.op, args, kwargs)
+            args, kwargs = self.bound.bind(tensors, refs[n:])
+            out = self._call(self.spec, self.bound.op, args, kwargs)
             outs = list(out) if isinstance(out, (tuple, list)) else [out]
         kinds = self.spec.out_kinds
         if len(outs) != len(kinds):
@@ -149,13 +204,18 @@ class _KernelCall:
             raise KernelCallFailed(f"ATen raised {type(e).__name__}: {e}\n  in {spec!r}",
                                    op=spec.qualified_name, location=spec.location) from e
 
-    def _run_group(self, tensors: list) -> list:
+    def _run_members(self, tensors: list) -> list:
         """Run the members in order; intermediates stay ATen tensors (quantized stay quantized)."""
         env = list(tensors)
-        for member, op in self.members:
-            args, kwargs = member.bind(_Slots(env, member), self.torch_device)
-            out = self._call(member, op, args, kwargs)
-            env.extend(out if isinstance(out, (tuple, list)) else [out])
+        for bound, is_conv, weight_constant, _ in self.members:
+            args, kwargs = bound.bind(_Slots(env, bound.spec) if self.adapt else env)
+            if is_conv and self.nhwc is not None:
+                args = self.nhwc.conv_args(args, weight_constant)
+            out = self._call(bound.spec, bound.op, args, kwargs)
+            if isinstance(out, (tuple, list)):
+                env.extend(out)
+            else:
+                env.append(out)
         return [env[i] for i in self.spec.output_slots]
 
     def _tensor_result(self, i: int, r, want, in_ptrs):
@@ -179,12 +239,13 @@ class _KernelCall:
         return torch_to_buffer_view(self.device, r, f"{self.spec.key} result {i}").ref
 
 
-def make_host_module(specs: list[KernelCallSpec], device, driver: str) -> HostModule:
+def make_host_module(specs: list[KernelCallSpec], device, driver: str,
+                     options: ExecOptions = ExecOptions()) -> HostModule:
     """Build the ``aot_kernels`` module for ``specs`` (ops resolved once, here)."""
     iface = rt.PyModuleInterface(HOST_MODULE, lambda _iface: object())
     host = HostModule(None, iface)  # type: ignore[arg-type]
     for spec in specs:
-        fn = _KernelCall(spec, device, driver, host)
+        fn = _KernelCall(spec, device, driver, host, options)
         iface.export(spec.key, spec.cconv, lambda _self, *refs, _fn=fn: _fn(*refs))
     host.vm_module = iface.create()
     return host

@@ -17,6 +17,7 @@ import torch
 import torch.utils._pytree as pytree
 
 from ..artifact import FORMAT_VERSION, CompiledArtifact
+from ..fallback.executor import ExecOptions
 from ..torch_tensor import TorchTensor
 import dataclasses
 import logging
@@ -27,6 +28,7 @@ from .partition import PartitionedProgram, partition
 from .placement import PlacementPolicy
 from .fold_bn import fold_batch_norm
 from .recover import blame, grow
+from .regions import choose_region, worth_measuring
 from .targets import Target
 
 __all__ = ["compile_program", "compile_model"]
@@ -61,8 +63,11 @@ def compile_program(p: PartitionedProgram) -> CompiledArtifact:
 
 
 def compile_model(imported: ImportedProgram, target: Target,
-                  policy: PlacementPolicy = PlacementPolicy()) -> CompiledArtifact:
+                  policy: PlacementPolicy = PlacementPolicy(), example=None) -> CompiledArtifact:
     """Partition and compile, moving ops IREE breaks on to ATen (``fallback="auto"``).
+
+    With ``example`` (``(args, kwargs)``) and the default options, the result is
+    measured end to end against whole-ATen-region candidates (``regions``).
 
     Raises:
         UnsupportedOp: from ``partition``.
@@ -77,7 +82,11 @@ def compile_model(imported: ImportedProgram, target: Target,
         p = partition(imported, target, policy, demoted=demoted)
         vmfb, diag = try_compile(p.mlir, target)
         if vmfb is not None:
-            return _artifact(p, vmfb, time.perf_counter() - t0)
+            art = _artifact(p, vmfb, time.perf_counter() - t0)
+            if example is not None and worth_measuring(imported, target, policy):
+                art = choose_region(art, imported, target, policy, example)
+                art.manifest["compile_seconds"] = round(time.perf_counter() - t0, 3)
+            return art
         fresh = {k: v for k, v in blame(diag, p.mlir, p.placements).items() if k not in demoted}
         if not fresh and demoted:
             fresh = grow(demoted, p.placements, p.producers or {}, first_error(diag))
@@ -112,6 +121,7 @@ def _artifact(p: PartitionedProgram, vmfb: bytes, seconds: float) -> CompiledArt
         "placements": [pl.to_json() for pl in p.placements],
         "policy": {"fallback": p.policy.fallback, "fallback_ops": list(p.policy.fallback_ops),
                    "placement": p.policy.placement},
+        "executor": ExecOptions().to_json(),
         "compile_seconds": round(seconds, 3),
         "vmfb_sha256": hashlib.sha256(vmfb).hexdigest(),
     }

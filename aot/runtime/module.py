@@ -18,7 +18,7 @@ import iree.runtime as rt
 from ..artifact import CompiledArtifact, load_artifact
 from ..errors import AotError, ArtifactError, InputMismatch, KernelCallFailed
 from ..fallback import static_values
-from ..fallback.executor import make_host_module
+from ..fallback.executor import ExecOptions, make_host_module
 from ..fallback.spec import KernelCallSpec
 from ..torch_tensor import TorchTensor, dtype_from_name
 from .device import as_storage, buffer_view_to_torch, get_device, sync_torch, torch_to_buffer_view
@@ -51,6 +51,7 @@ class CompiledModule:
         self.in_spec = pytree.treespec_loads(m["in_spec"])
         self.out_spec = pytree.treespec_loads(m["out_spec"])
         self.kernel_calls = [KernelCallSpec.from_json(k) for k in m["kernel_calls"]]
+        self.exec_options = ExecOptions.from_json(m.get("executor"))
         self.torch_device = (torch.device("cpu") if self.driver.startswith("local")
                              else torch.device("cuda", 0))
         if open_device:
@@ -60,7 +61,8 @@ class CompiledModule:
     def _open(self) -> None:
         self.device = get_device(self.driver)
         self.instance = rt.VmInstance()
-        self.host = make_host_module(self.kernel_calls, self.device, self.driver)
+        self.host = make_host_module(self.kernel_calls, self.device, self.driver,
+                                     self.exec_options)
         hal = rt.create_hal_module(self.instance, self.device)
         try:
             main = rt.VmModule.copy_buffer(self.instance, self.artifact.vmfb)

@@ -1,0 +1,61 @@
+"""BoundCall: one kernel call with its recorded operands decoded once, at load.
+
+``KernelCallSpec.bind`` rebuilds ``(args, kwargs)`` from the manifest's JSON on
+every call; a BoundCall decodes the static operands once and per call only
+drops the run-time tensors and scalars into their places (a few list stores).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from . import static_values
+from .spec import KernelCallSpec, ScalarArg, StaticArg, TensorArg, TensorListArg
+
+__all__ = ["BoundCall"]
+
+_SCALAR_PY = {"i": int, "b": bool, "f": float}
+_TENSOR, _LIST, _SCALAR = 0, 1, 2
+
+
+class BoundCall:
+    """``op(*args, **kwargs)`` for one spec, static operands decoded at construction."""
+
+    def __init__(self, spec: KernelCallSpec, op, device: torch.device):
+        self.spec, self.op = spec, op
+        self.args: list = []
+        self.kwargs: dict = {}
+        self.fills: list[tuple] = []  # (position or kwarg name, kind, payload)
+        for o in spec.operands:
+            where = o.name if o.kwarg_only else len(self.args)
+            if isinstance(o, StaticArg):
+                value = static_values.decode(o.value, device=device)
+            else:
+                value = None
+                if isinstance(o, TensorArg):
+                    self.fills.append((where, _TENSOR, o.index))
+                elif isinstance(o, TensorListArg):
+                    self.fills.append((where, _LIST, o.indices))
+                elif isinstance(o, ScalarArg):
+                    self.fills.append((where, _SCALAR, (o.index, _SCALAR_PY[o.kind])))
+            if o.kwarg_only:
+                self.kwargs[o.name] = value
+            else:
+                self.args.append(value)
+
+    def bind(self, tensors, scalars=()) -> tuple[list, dict]:
+        """``(args, kwargs)`` with ``tensors[i]`` / ``scalars[i]`` in their places."""
+        args = self.args.copy()
+        kwargs = self.kwargs.copy() if self.kwargs else self.kwargs
+        for where, kind, p in self.fills:
+            if kind == _TENSOR:
+                v = tensors[p]
+            elif kind == _LIST:
+                v = [None if i is None else tensors[i] for i in p]
+            else:
+                v = p[1](scalars[p[0]])
+            if isinstance(where, int):
+                args[where] = v
+            else:
+                kwargs[where] = v
+        return args, kwargs

@@ -1,0 +1,150 @@
+"""Region placement: IREE with kernel calls, or whole ATen regions? Measured end to end.
+
+Per-op placement (``partition``) puts each heavy op where it measures faster
+alone. It cannot see what the crossings between neighbouring ops cost, nor
+what ATen gains by keeping a whole region: tensors stay in its own layouts, and
+on CUDA a region's launches replay from one CUDA graph. So for a program with
+heavy ops (convolutions, matmuls over ``MIN_FLOPS``), ``compile_model`` also
+builds the candidates below and keeps the one that runs the example inputs
+fastest on this machine, end to end, calls interleaved, median of several:
+
+- ``iree``: the per-op placement ``partition`` decided (IREE + kernel calls);
+- ``aten``: every op a kernel call, neighbours grouped into as few crossings as
+  the boundary allows (batch norm is already folded into the convolutions);
+- ``aten-channels-last``: the same with convolutions run NHWC (only for programs
+  whose grouped ops are all layout-safe, see ``aot.fallback.layout``).
+
+The manifest's ``"region"`` entry and the report give every candidate's time.
+Nothing is measured (the per-op placement stands) when the target device is
+not on this machine, or under any option other than the defaults
+(``fallback="auto"``, ``placement="auto"``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import statistics
+import time
+
+import torch
+import torch.utils._pytree as pytree
+
+from ..artifact import CompiledArtifact
+from ..fallback.executor import ExecOptions
+from ..fallback.layout import has_conv, layout_safe
+from ..importer.program import ImportedProgram
+from .cost import MIN_FLOPS
+from .flops import node_flops
+from .placement import KERNEL_CALL, Placement, PlacementPolicy
+from .targets import Target
+
+__all__ = ["worth_measuring", "choose_region", "RUNS", "BUDGET_S"]
+log = logging.getLogger(__name__)
+
+RUNS = 9          # timed calls per candidate (fewer when BUDGET_S runs out, never under 3)
+BUDGET_S = 6.0    # time for the timed calls of all candidates together
+_WARMUP = 3       # the second call of a CUDA region captures its graph
+
+
+def worth_measuring(imported: ImportedProgram, target: Target, policy: PlacementPolicy) -> bool:
+    """Default options, the device here, and at least one heavy op in the program."""
+    if policy.fallback != "auto" or policy.placement != "auto" or policy.fallback_ops:
+        return False
+    if not target.driver.startswith("local") and not torch.cuda.is_available():
+        return False
+    return any(n.op == "call_function" and (node_flops(n) or 0) >= MIN_FLOPS
+               for n in imported.exported.graph.nodes)
+
+
+def choose_region(per_op: CompiledArtifact, imported: ImportedProgram, target: Target,
+                  policy: PlacementPolicy, example) -> CompiledArtifact:
+    """The fastest of the per-op artifact and the ATen-region candidates.
+
+    Args:
+        per_op: the artifact of the per-op placement.
+        imported: the program it was compiled from (batch norm folded).
+        example: ``(args, kwargs)``, the example inputs to time the candidates on.
+    """
+    from .compile import compile_program
+    from .partition import partition
+
+    t0 = time.perf_counter()
+    cands = {"iree": per_op}
+    try:
+        p = partition(imported, target, PlacementPolicy("all"))
+        aten = compile_program(p)
+        cands["aten"] = aten
+        ops = [m["op"] for k in aten.manifest["kernel_calls"] for m in (k.get("members") or [k])]
+        if has_conv(ops) and layout_safe(ops):
+            cands["aten-channels-last"] = _with_executor(aten, ExecOptions("channels_last"))
+    except Exception as e:  # an ATen region is an optimisation: without it, per-op stands
+        log.info("no ATen-region candidate: %s", e)
+    times = _time_candidates(cands, example, target)
+    if not times.get("iree"):
+        return per_op
+    best = min(times, key=times.get)
+    region = {"candidates_ms": {k: round(v, 4) for k, v in times.items()}, "chosen": best,
+              "measure_seconds": round(time.perf_counter() - t0, 2)}
+    log.info("region placement: %s", region)
+    if best == "iree":
+        return _with_region(per_op, region, per_op.manifest["placements"], policy)
+    why = (f"one ATen region ({best}): the whole program ran faster in ATen on this machine, "
+           f"{times[best]:.3f} ms vs {times['iree']:.3f} ms with IREE and kernel calls "
+           "(measured end to end)")
+    placements = [dataclasses.replace(Placement.from_json(pl), where=KERNEL_CALL,
+                                      reason=why).to_json()
+                  for pl in cands[best].manifest["placements"]]
+    return _with_region(cands[best], region, placements, policy)
+
+
+def _with_executor(a: CompiledArtifact, options: ExecOptions) -> CompiledArtifact:
+    return CompiledArtifact(a.vmfb, {**a.manifest, "executor": options.to_json()})
+
+
+def _with_region(a: CompiledArtifact, region: dict, placements: list,
+                 policy: PlacementPolicy) -> CompiledArtifact:
+    policy_json = {"fallback": policy.fallback, "fallback_ops": list(policy.fallback_ops),
+                   "placement": policy.placement}
+    return CompiledArtifact(a.vmfb, {**a.manifest, "region": region, "placements": placements,
+                                     "policy": policy_json})
+
+
+def _on_device(example, target: Target):
+    args, kwargs = example
+    if target.driver.startswith("local"):
+        return args, kwargs
+    return pytree.tree_map(lambda v: v.cuda() if isinstance(v, torch.Tensor) else v,
+                           (args, kwargs))
+
+
+def _time_candidates(cands: dict[str, CompiledArtifact], example, target: Target) -> dict:
+    """Median ms per candidate that ran; calls interleaved so drifts hit all alike."""
+    from ..runtime.module import CompiledModule
+
+    args, kwargs = _on_device(example, target)
+    sync = torch.cuda.synchronize if not target.driver.startswith("local") else (lambda: None)
+    mods = {}
+    with torch.no_grad():
+        for name, art in cands.items():
+            try:
+                m = CompiledModule(art)
+                for _ in range(_WARMUP):
+                    m(*args, **kwargs)
+                mods[name] = m
+            except Exception as e:  # a candidate that cannot run is not a candidate
+                log.info("region candidate %s did not run: %s", name, e)
+        samples: dict[str, list] = {k: [] for k in mods}
+        deadline = time.perf_counter() + BUDGET_S
+        for i in range(RUNS):
+            if i >= 3 and time.perf_counter() > deadline:
+                break
+            for name, m in mods.items():
+                sync()
+                t = time.perf_counter()
+                m(*args, **kwargs)
+                sync()
+                samples[name].append((time.perf_counter() - t) * 1e3)
+    for m in mods.values():
+        m.close()
+    return {k: statistics.median(v) for k, v in samples.items() if v}
