@@ -118,14 +118,23 @@ class _KernelCall:
     """One host function: buffer views in, buffer views out."""
 
     def __init__(self, spec: KernelCallSpec, device, driver: str, host: HostModule,
-                 options: ExecOptions = ExecOptions()):
+                 options: ExecOptions = ExecOptions(), constants: dict | None = None):
         self.spec, self.device, self.driver, self.host = spec, device, driver, host
         self.torch_device = torch.device("cpu") if driver.startswith("local") else torch.device("cuda")
-        self.storage = [dtype_from_name(t.storage_dtype) for t in spec.inputs]
+        # per input: (storage dtype, None) when it crosses from IREE, (None, tensor) when host-held
+        self.operand_plan = []
+        for i, t in enumerate(spec.inputs):
+            name = spec.constant_name(i)
+            if name is not None and name not in (constants or {}):
+                raise ArtifactError(f"kernel call {spec.key}: host constant {name!r} is missing "
+                                    "from the artifact", op=spec.qualified_name)
+            self.operand_plan.append((dtype_from_name(t.storage_dtype), None) if name is None
+                                     else (None, constants[name]))
         # An op with no CUDA kernel in ATen (quantized kernels) runs on the CPU:
         # operands copied over and results copied back (reported at compile time).
         self.on_cpu = driver == "cuda" and lacks_cuda_kernel(spec)
         if self.on_cpu:
+            self.operand_plan = [(d, None if c is None else c.cpu()) for d, c in self.operand_plan]
             warnings.warn(f"kernel call {spec.key} ({spec.qualified_name}) has no CUDA kernel in "
                           "ATen: it runs on the CPU with copies across devices", stacklevel=2)
         self.bound = None if spec.is_group else BoundCall(spec, _resolve(spec), self.torch_device)
@@ -168,12 +177,15 @@ class _KernelCall:
 
     def _run(self, refs):
         self.host.calls += 1
-        n = len(self.spec.inputs)
-        raw = [as_storage(buffer_view_to_torch(self.device, r.deref(rt.HalBufferView), self.driver),
-                          dtype)
-               for r, dtype in zip(refs[:n], self.storage)]
-        if self.on_cpu:
-            raw = [t.cpu() for t in raw]
+        raw, n = [], 0
+        for dtype, const in self.operand_plan:
+            if const is not None:
+                raw.append(const)
+                continue
+            t = as_storage(buffer_view_to_torch(self.device, refs[n].deref(rt.HalBufferView),
+                                                self.driver), dtype)
+            raw.append(t.cpu() if self.on_cpu else t)
+            n += 1
         # quantized operands: real quantized tensors over the same memory
         tensors = [s.from_storage(t) for s, t in zip(self.spec.inputs, raw)]
         if self.spec.is_group:
@@ -240,12 +252,16 @@ class _KernelCall:
 
 
 def make_host_module(specs: list[KernelCallSpec], device, driver: str,
-                     options: ExecOptions = ExecOptions()) -> HostModule:
-    """Build the ``aot_kernels`` module for ``specs`` (ops resolved once, here)."""
+                     options: ExecOptions = ExecOptions(),
+                     constants: dict[str, torch.Tensor] | None = None) -> HostModule:
+    """Build the ``aot_kernels`` module for ``specs`` (ops resolved once, here).
+
+    ``constants``: the artifact's host-held constants, on the device, by name.
+    """
     iface = rt.PyModuleInterface(HOST_MODULE, lambda _iface: object())
     host = HostModule(None, iface)  # type: ignore[arg-type]
     for spec in specs:
-        fn = _KernelCall(spec, device, driver, host, options)
+        fn = _KernelCall(spec, device, driver, host, options, constants)
         iface.export(spec.key, spec.cconv, lambda _self, *refs, _fn=fn: _fn(*refs))
     host.vm_module = iface.create()
     return host

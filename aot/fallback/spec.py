@@ -107,6 +107,18 @@ class KernelCallSpec:
     # ``output_slots`` are handed back.
     members: tuple["KernelCallSpec", ...] = ()
     output_slots: tuple[int, ...] = ()
+    # Per entry of ``inputs``: None when the tensor crosses from compiled code, or
+    # the name of a host-held constant (a weight only kernel calls read: stored
+    # beside the module and handed to ATen directly, never copied through IREE).
+    constants: tuple[str | None, ...] = ()
+
+    def constant_name(self, i: int) -> str | None:
+        return self.constants[i] if i < len(self.constants) else None
+
+    @property
+    def crossing(self) -> tuple[TorchTensor, ...]:
+        """The tensor operands compiled code passes (host-held constants left out)."""
+        return tuple(t for i, t in enumerate(self.inputs) if self.constant_name(i) is None)
 
     @property
     def is_group(self) -> bool:
@@ -119,7 +131,7 @@ class KernelCallSpec:
     @property
     def cconv(self) -> str:
         """IREE VM calling convention of the host function (``0rrI_r``)."""
-        ins = "r" * len(self.inputs) + "".join(SCALAR_CCONV[k] for k in self.scalar_inputs)
+        ins = "r" * len(self.crossing) + "".join(SCALAR_CCONV[k] for k in self.scalar_inputs)
         outs = "".join("r" if k == "t" else SCALAR_CCONV[k] for k in self.out_kinds)
         return f"0{ins or 'v'}_{outs}"
 
@@ -195,6 +207,7 @@ class KernelCallSpec:
                 "scalar_inputs": list(self.scalar_inputs), "result_kinds": self.result_kinds,
                 "members": [m.to_json() for m in self.members],
                 "output_slots": list(self.output_slots),
+                "constants": list(self.constants),
                 "location": self.location, "reason": self.reason}
 
     @staticmethod
@@ -218,7 +231,8 @@ class KernelCallSpec:
                               d.get("location"), d.get("reason", ""), inputs,
                               tuple(d.get("scalar_inputs", ())), d.get("result_kinds", ""),
                               tuple(KernelCallSpec.from_json(m) for m in d.get("members", ())),
-                              tuple(d.get("output_slots", ())))
+                              tuple(d.get("output_slots", ())),
+                              tuple(d.get("constants", ())))
 
 
 def resolve_op(op: str, overload: str):

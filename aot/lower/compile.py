@@ -16,7 +16,7 @@ import time
 import torch
 import torch.utils._pytree as pytree
 
-from ..artifact import FORMAT_VERSION, CompiledArtifact
+from ..artifact import FORMAT_VERSION, CompiledArtifact, pack_constants
 from ..fallback.executor import ExecOptions
 from ..torch_tensor import TorchTensor
 import dataclasses
@@ -102,6 +102,7 @@ def compile_model(imported: ImportedProgram, target: Target,
 
 
 def _artifact(p: PartitionedProgram, vmfb: bytes, seconds: float) -> CompiledArtifact:
+    table, blob = pack_constants(p.host_constants)
     inputs = [i.to_json() if isinstance(i, TorchTensor) else {"static": i[1]}
               for i in p.imported.flat_inputs]
     manifest = {
@@ -124,5 +125,7 @@ def _artifact(p: PartitionedProgram, vmfb: bytes, seconds: float) -> CompiledArt
         "executor": ExecOptions().to_json(),
         "compile_seconds": round(seconds, 3),
         "vmfb_sha256": hashlib.sha256(vmfb).hexdigest(),
+        "host_constants": table,
+        "constants_sha256": hashlib.sha256(blob).hexdigest(),
     }
-    return CompiledArtifact(vmfb, manifest)
+    return CompiledArtifact(vmfb, manifest, blob)

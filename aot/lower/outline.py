@@ -74,7 +74,7 @@ _SCALAR_ABI = {"i": "i64", "b": "i64", "f": "f32"}
 
 def _host_types(spec: KernelCallSpec) -> tuple[list, list]:
     """Builtin argument and result types of the host function for ``spec``."""
-    ins = [builtin_tensor_type(t) for t in spec.inputs]
+    ins = [builtin_tensor_type(t) for t in spec.crossing]
     ins += [_SCALAR_ABI[k] for k in spec.scalar_inputs]
     tensors = iter(spec.results)
     outs = [builtin_tensor_type(next(tensors).dense()) if k == "t" else _SCALAR_ABI[k]
@@ -106,7 +106,7 @@ def _replace(op: "ir.Operation", specs: list[KernelCallSpec]) -> None:
     site_op = op.operands[len(op.operands) - 1].owner
     site = ir.IntegerAttr(site_op.attributes["value"]).value
     spec = specs[site]
-    n_t, n_s = len(spec.inputs), len(spec.scalar_inputs)
+    n_t, n_s = len(spec.crossing), len(spec.scalar_inputs)
     operands = list(op.operands)[:-1]
     if len(operands) != n_t + n_s or len(op.results) != len(spec.out_kinds):
         raise InternalError(f"kernel call {spec.key} arity does not match its spec")

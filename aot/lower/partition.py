@@ -11,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import operator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 import torch.fx
@@ -58,6 +58,9 @@ class PartitionedProgram:
     kernel_calls: tuple[KernelCallSpec, ...]
     mlir: str
     producers: dict[str, tuple[str, ...]] | None = None  # op node -> the op nodes it reads
+    # weights only kernel calls read, by name: kept beside the module for the host,
+    # never passed through IREE (which copies a constant on every call it crosses)
+    host_constants: dict[str, torch.Tensor] = field(default_factory=dict)
 
     def __post_init__(self):
         keys = [k.key for k in self.kernel_calls]
@@ -116,9 +119,10 @@ def partition(imported: ImportedProgram, target: Target,
                                 f"for {target.name}:\n{lines}")
     specs: list[KernelCallSpec] = []
     node_keys: dict[str, str] = {}
+    consts = HostConstants()
     grouping = _Grouping.find(ep, decided) if policy.group else _Grouping({}, {})
     graph = stateless_graph(ep, lambda n, g, env: _rewrite(n, g, env, decided, specs, grouping,
-                                                          node_keys))
+                                                          node_keys, consts))
     module = outline_kernel_calls(import_graph(graph), specs)
     on_cpu = set()
     if target.name == "cuda":
@@ -136,7 +140,7 @@ def partition(imported: ImportedProgram, target: Target,
     producers = {n.name: tuple(a.name for a in n.all_input_nodes if a.op == "call_function")
                  for n in _op_nodes(ep)}
     return PartitionedProgram(imported, target, policy, placements, tuple(specs), str(module),
-                              producers)
+                              producers, consts.tensors)
 
 
 def _decompose_uncovered(ep, target, policy, cache, kept: dict):
@@ -241,8 +245,26 @@ def _place(ep, policy: PlacementPolicy, verdicts: dict[str, Verdict], demoted: d
     return placements, decided
 
 
+class HostConstants:
+    """Names for the constants kernel calls read (one entry per tensor, however often read)."""
+
+    def __init__(self):
+        self._names: dict[int, str] = {}
+        self.tensors: dict[str, torch.Tensor] = {}
+
+    def name(self, t: torch.Tensor) -> str:
+        if id(t) not in self._names:
+            self._names[id(t)] = f"c{len(self.tensors)}"
+            self.tensors[self._names[id(t)]] = t  # held: ids stay unique
+        return self._names[id(t)]
+
+
+def _crossing(spec: KernelCallSpec, operands: list) -> list:
+    return [v for i, v in enumerate(operands) if spec.constant_name(i) is None]
+
+
 def _rewrite(node, g: torch.fx.Graph, env: dict, decided: dict, specs: list,
-             grouping: "_Grouping", node_keys: dict):
+             grouping: "_Grouping", node_keys: dict, consts: HostConstants):
     if node.op == "call_function" and _is_assert(node):
         return DROP  # checked by the runtime's input specs instead
     if node.target is operator.getitem and node.args[0] in grouping.values:
@@ -250,7 +272,8 @@ def _rewrite(node, g: torch.fx.Graph, env: dict, decided: dict, specs: list,
         return DROP if v is None else v  # DROP: only used inside its group
     if node in grouping.group_of:
         if node not in grouping.values:
-            _emit_group(grouping.group_of[node], g, env, decided, specs, grouping, node_keys)
+            _emit_group(grouping.group_of[node], g, env, decided, specs, grouping, node_keys,
+                        consts)
         v = grouping.values[node]
         if _n_results(node) > 1:
             return v
@@ -258,9 +281,10 @@ def _rewrite(node, g: torch.fx.Graph, env: dict, decided: dict, specs: list,
     where, reason = decided.get(node, (COMPILED, ""))
     if where != KERNEL_CALL:
         return None
-    spec, operands, _ = _kernel_call_spec(node, env, f"call_{len(specs)}", reason)
-    ins = "t" * len(spec.inputs) + "".join(spec.scalar_inputs)
-    new = g.call_function(kernel_call_op(ins, spec.out_kinds), (*operands, len(specs)))
+    spec, operands, scalars, _ = _kernel_call_spec(node, env, f"call_{len(specs)}", reason, consts)
+    ins = "t" * len(spec.crossing) + "".join(spec.scalar_inputs)
+    new = g.call_function(kernel_call_op(ins, spec.out_kinds),
+                          (*_crossing(spec, operands), *scalars, len(specs)))
     new.meta = dict(node.meta)
     val = node.meta.get("val")
     if isinstance(val, list):
@@ -291,11 +315,14 @@ class _Grouping:
         (the group runs at its first member's position, so its inputs must exist
         by then). Ops with run-time scalar operands or results stay alone.
         """
+        sig = ep.graph_signature
+        held = {*sig.inputs_to_parameters, *sig.inputs_to_buffers,
+                *sig.inputs_to_lifted_tensor_constants}  # host-held: do not cross
         groups, cur, after, width = [], [], set(), 0
         for n in _op_nodes(ep):
             if decided.get(n, (COMPILED,))[0] == KERNEL_CALL and _groupable(n):
                 deps = {_source(a) for a in n.all_input_nodes}
-                w = len(n.all_input_nodes) + _n_results(n)
+                w = sum(a.name not in held for a in n.all_input_nodes) + _n_results(n)
                 if cur and not deps & after and width + w <= _MAX_GROUP_WIDTH:
                     cur.append(n)
                     width += w
@@ -339,17 +366,17 @@ def _used_outside(n: torch.fx.Node, r: int, members: set) -> bool:
                and any(w not in members for w in u.users) for u in n.users)
 
 
-def _emit_group(members, g, env, decided, specs, grouping, node_keys) -> None:
+def _emit_group(members, g, env, decided, specs, grouping, node_keys, consts) -> None:
     """One kernel call for ``members``: external inputs in, outside-used results out."""
     member_set = set(members)
     key = f"call_{len(specs)}"
     ext_index: dict = {}            # original arg (node, or id of a constant) -> input number
-    ext_operands, ext_specs = [], []
+    ext_operands, ext_specs, ext_consts = [], [], []
     produced: dict = {}             # (member, result) -> position among member results
     n_member_results = 0
     raw = []                        # (member spec, local tensor index -> ("in"|"res", k))
     for i, m in enumerate(members):
-        spec, operands, sources = _kernel_call_spec(m, env, f"{key}.{i}", decided[m][1])
+        spec, operands, _, sources = _kernel_call_spec(m, env, f"{key}.{i}", decided[m][1], consts)
         where = {}
         for j, a in enumerate(sources):
             src = _source(a) if isinstance(a, torch.fx.Node) else None
@@ -362,6 +389,7 @@ def _emit_group(members, g, env, decided, specs, grouping, node_keys) -> None:
                     ext_index[ident] = len(ext_operands)
                     ext_operands.append(operands[j])
                     ext_specs.append(spec.inputs[j])
+                    ext_consts.append(spec.constant_name(j))
                 where[j] = ("in", ext_index[ident])
         raw.append((spec, where))
         for r in range(len(spec.results)):
@@ -381,7 +409,7 @@ def _emit_group(members, g, env, decided, specs, grouping, node_keys) -> None:
                 o = TensorListArg(o.name, tuple(None if i is None else slot(where[i])
                                                 for i in o.indices), o.kwarg_only)
             ops.append(o)
-        specs_out.append(dataclasses.replace(spec, operands=tuple(ops), inputs=()))
+        specs_out.append(dataclasses.replace(spec, operands=tuple(ops), inputs=(), constants=()))
     outputs = [(m, r) for m in members for r in range(_n_results(m))
                if _used_outside(m, r, member_set)]
     out_specs, out_vals, out_slots = [], [], []
@@ -394,9 +422,9 @@ def _emit_group(members, g, env, decided, specs, grouping, node_keys) -> None:
     reasons = sorted({decided[m][1] for m in members})
     group = KernelCallSpec(key, GROUP_OP, "", (), tuple(out_specs), node_location(members[0]),
                            "; ".join(reasons), tuple(ext_specs), members=tuple(specs_out),
-                           output_slots=tuple(out_slots))
-    new = g.call_function(kernel_call_op("t" * n_in, "t" * len(outputs)),
-                          (*ext_operands, len(specs)))
+                           output_slots=tuple(out_slots), constants=tuple(ext_consts))
+    new = g.call_function(kernel_call_op("t" * len(group.crossing), "t" * len(outputs)),
+                          (*_crossing(group, ext_operands), len(specs)))
     # only what the importer should read: the values (not members[0]'s tensor_meta)
     new.meta = {k: v for k, v in members[0].meta.items() if k in ("stack_trace", "nn_module_stack")}
     new.meta["val"] = tuple(out_vals) if len(out_vals) > 1 else out_vals[0]
@@ -434,12 +462,14 @@ def _scalar_kind(a) -> str | None:
     return None
 
 
-def _kernel_call_spec(node, env, key, reason):
+def _kernel_call_spec(node, env, key, reason, consts: HostConstants):
     """Walk the op's schema with its defaults.
 
-    Tensors become tensor operands, FX nodes holding scalars become run-time
-    scalar operands, everything else is recorded as a StaticArg. Returns the
-    spec and the host function's operands (tensors first, then scalars).
+    Tensors become tensor operands (constants: host-held, named in ``consts``),
+    FX nodes holding scalars become run-time scalar operands, everything else
+    is recorded as a StaticArg. Returns the spec, the new-graph value of every
+    tensor operand (constants included), the scalar operands, and the original
+    argument of every tensor operand.
     """
     target = node.target
     name, loc = op_name(target), node_location(node)
@@ -448,13 +478,16 @@ def _kernel_call_spec(node, env, key, reason):
                             op=name, location=loc)
     schema = target._schema
     operands, inputs, recorded, scalars, scalar_kinds, sources = [], [], [], [], [], []
+    held = []
 
     def add_tensor(a):
         val = _tensor_val(a)
         # a value made inside a group has no new-graph node (the group carries it)
-        operands.append(env.get(a) if isinstance(a, torch.fx.Node) else a)
+        value = env.get(a) if isinstance(a, torch.fx.Node) else a
+        operands.append(value)
         sources.append(a)
         inputs.append(TorchTensor.from_tensor(val).dense())
+        held.append(consts.name(value) if isinstance(value, torch.Tensor) else None)
         return len(operands) - 1
 
     def is_constant(a):  # parameters and buffers are inlined as tensors by stateless_graph
@@ -495,8 +528,9 @@ def _kernel_call_spec(node, env, key, reason):
     recorded, inputs, results = quantized_boundary(schema.name, recorded, inputs, results)
     spec = KernelCallSpec(key, schema.name, target._overloadname, tuple(recorded), results,
                           loc, reason, tuple(inputs), tuple(scalar_kinds),
-                          "" if kinds == "t" * len(results) else kinds)
-    return spec, operands + scalars, sources
+                          "" if kinds == "t" * len(results) else kinds,
+                          constants=tuple(held) if any(held) else ())
+    return spec, operands, scalars, sources
 
 
 def quantized_boundary(op: str, recorded: list, inputs: list, results: tuple):

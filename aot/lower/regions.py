@@ -99,7 +99,7 @@ def choose_region(per_op: CompiledArtifact, imported: ImportedProgram, target: T
 
 
 def _with_executor(a: CompiledArtifact, options: ExecOptions) -> CompiledArtifact:
-    return CompiledArtifact(a.vmfb, {**a.manifest, "executor": options.to_json()})
+    return CompiledArtifact(a.vmfb, {**a.manifest, "executor": options.to_json()}, a.constants)
 
 
 def _with_region(a: CompiledArtifact, region: dict, placements: list,
@@ -107,7 +107,7 @@ def _with_region(a: CompiledArtifact, region: dict, placements: list,
     policy_json = {"fallback": policy.fallback, "fallback_ops": list(policy.fallback_ops),
                    "placement": policy.placement}
     return CompiledArtifact(a.vmfb, {**a.manifest, "region": region, "placements": placements,
-                                     "policy": policy_json})
+                                     "policy": policy_json}, a.constants)
 
 
 def _on_device(example, target: Target):

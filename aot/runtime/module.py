@@ -62,7 +62,8 @@ class CompiledModule:
         self.device = get_device(self.driver)
         self.instance = rt.VmInstance()
         self.host = make_host_module(self.kernel_calls, self.device, self.driver,
-                                     self.exec_options)
+                                     self.exec_options,
+                                     self.artifact.host_constants(self.torch_device))
         hal = rt.create_hal_module(self.instance, self.device)
         try:
             main = rt.VmModule.copy_buffer(self.instance, self.artifact.vmfb)

@@ -115,5 +115,5 @@ def test_incompatible_version(saved, tmp_path):
         ver, n = struct.unpack_from("<IQ", d, 7)
         return d[:7] + struct.pack("<IQ", ver + 1, n) + d[19:]
     bad = _corrupt(tmp_path, saved[0], bump)
-    with pytest.raises(aot.ArtifactError, match="format version 2"):
+    with pytest.raises(aot.ArtifactError, match="format version 3"):
         aot.load(bad)
