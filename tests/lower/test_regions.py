@@ -1,0 +1,92 @@
+"""Region placement (measured end to end), host-held constants, channels-last ATen regions."""
+
+import pytest
+import torch
+
+import aot
+from aot.fallback.executor import ExecOptions
+from aot.lower.regions import _with_executor
+from aot.runtime.module import CompiledModule
+
+
+class ConvNet(torch.nn.Module):
+    """Convolutions heavy enough to be measured (> 2 MFLOP), a residual add, a flatten."""
+
+    def __init__(self):
+        super().__init__()
+        self.c1 = torch.nn.Conv2d(16, 16, 3, padding=1)
+        self.bn = torch.nn.BatchNorm2d(16)
+        self.c2 = torch.nn.Conv2d(16, 16, 3, padding=1, bias=False)
+        self.fc = torch.nn.Linear(16 * 8 * 8, 10)
+
+    def forward(self, x):
+        y = torch.relu(self.bn(self.c1(x)))
+        y = torch.relu(self.c2(y) + x)
+        y = torch.nn.functional.max_pool2d(y, 4)
+        return self.fc(y.flatten(1))
+
+
+@pytest.fixture(scope="module")
+def convnet():
+    torch.manual_seed(0)
+    m = ConvNet().eval()
+    with torch.no_grad():  # non-trivial batch-norm statistics
+        m.bn.running_mean.uniform_(-0.5, 0.5)
+        m.bn.running_var.uniform_(0.5, 2.0)
+    return m, torch.randn(2, 16, 32, 32)
+
+
+def test_default_compile_measures_regions_and_keeps_the_fastest(convnet):
+    m, x = convnet
+    cm = aot.compile(m, (x,))
+    region = cm.manifest["region"]
+    times = region["candidates_ms"]
+    assert {"iree", "aten", "aten-channels-last"} <= set(times)
+    assert region["chosen"] == min(times, key=times.get)
+    where = {p["where"] for p in cm.manifest["placements"]}
+    if region["chosen"] != "iree":  # one ATen region: every op a kernel call, and the report says why
+        assert where == {"kernel_call"}
+        assert "one ATen region" in cm.report()
+    assert "region placement, measured end to end" in cm.report()
+    with torch.no_grad():  # batch norm folded into the convolution: float rounding only
+        torch.testing.assert_close(cm(x), m(x), rtol=1e-4, atol=1e-4)
+
+
+def test_regions_are_not_measured_under_explicit_options(convnet):
+    m, x = convnet
+    assert "region" not in aot.compile(m, (x,), placement="coverage").manifest
+    assert "region" not in aot.compile(m, (x,), fallback_ops=["aten.relu"]).manifest
+
+
+def test_channels_last_region_matches_eager(convnet):
+    m, x = convnet
+    allm = aot.compile(m, (x,), fallback="all")
+    nhwc = CompiledModule(_with_executor(allm.artifact, ExecOptions("channels_last")))
+    with torch.no_grad():
+        ref = m(x)
+        torch.testing.assert_close(allm(x), ref, rtol=0, atol=0)  # all-fallback: bit-exact
+        for _ in range(2):  # second call: weights already converted (cached)
+            # same values, NHWC convolution algorithms: float rounding only
+            torch.testing.assert_close(nhwc(x), ref, rtol=1e-5, atol=1e-5)
+
+
+def test_weights_read_only_by_kernel_calls_stay_on_the_host(tmp_path):
+    torch.manual_seed(0)
+    m = torch.nn.Sequential(torch.nn.Linear(512, 512), torch.nn.Tanh()).eval()
+    x = torch.randn(3, 512)
+    cm = aot.compile(m, (x,), fallback_ops=["aten.linear"])
+    table = cm.manifest["host_constants"]
+    assert sorted(tuple(d["shape"]) for d in table.values()) == [(512,), (512, 512)]
+    assert len(cm.artifact.vmfb) < 512 * 512 * 4  # the weight is not inside the module
+    path = str(tmp_path / "m.aot")
+    cm.save(path)
+    loaded = aot.load(path)
+    with torch.no_grad():
+        torch.testing.assert_close(loaded(x), m(x), rtol=1e-6, atol=1e-6)
+    # flipping one byte of a constant is caught by its checksum
+    data = bytearray(open(path, "rb").read())
+    data[data.index(cm.artifact.constants[:64]) + 7] ^= 0xFF
+    bad = tmp_path / "bad.aot"
+    bad.write_bytes(bytes(data))
+    with pytest.raises(aot.ArtifactError, match="host constants"):
+        aot.load(str(bad))
