@@ -1,8 +1,7 @@
 """BoundCall: one kernel call with its recorded operands decoded once, at load.
 
-``KernelCallSpec.bind`` rebuilds ``(args, kwargs)`` from the manifest's JSON on
-every call; a BoundCall decodes the static operands once and per call only
-drops the run-time tensors and scalars into their places (a few list stores).
+Static operands are decoded from the manifest's JSON once; per call only the
+run-time tensors and scalars are dropped into their places (a few list stores).
 """
 
 from __future__ import annotations
@@ -10,11 +9,10 @@ from __future__ import annotations
 import torch
 
 from . import static_values
-from .spec import KernelCallSpec, ScalarArg, StaticArg, TensorArg, TensorListArg
+from .spec import SCALAR_PY, KernelCallSpec, ScalarArg, StaticArg, TensorArg, TensorListArg
 
 __all__ = ["BoundCall"]
 
-_SCALAR_PY = {"i": int, "b": bool, "f": float}
 _TENSOR, _LIST, _SCALAR = 0, 1, 2
 
 
@@ -37,7 +35,7 @@ class BoundCall:
                 elif isinstance(o, TensorListArg):
                     self.fills.append((where, _LIST, o.indices))
                 elif isinstance(o, ScalarArg):
-                    self.fills.append((where, _SCALAR, (o.index, _SCALAR_PY[o.kind])))
+                    self.fills.append((where, _SCALAR, (o.index, SCALAR_PY[o.kind])))
             if o.kwarg_only:
                 self.kwargs[o.name] = value
             else:

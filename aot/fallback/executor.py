@@ -161,12 +161,8 @@ class _KernelCall:
         self.adapt = any(q for *_, q in self.members) or any(
             s.qparams is not None for s in self.spec.inputs)
         if options.cuda_graphs and self.driver == "cuda" and not self.on_cpu:
-            constant = [False] * len(self.spec.inputs)
-            for m in self.spec.members:
-                for o in m.operands:
-                    if isinstance(o, TensorArg) and o.constant and o.index < len(constant):
-                        constant[o.index] = True
-            self.region = GraphedRegion(self._run_members, constant, self.spec.key)
+            held = [const is not None for _, const in self.operand_plan]  # same address every call
+            self.region = GraphedRegion(self._run_members, held, self.spec.key)
 
     def __call__(self, *refs):
         try:

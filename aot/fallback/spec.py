@@ -76,7 +76,7 @@ Operand = TensorArg | TensorListArg | ScalarArg | StaticArg
 
 # host-function calling-convention letter per scalar kind (IREE VM: I=i64, f=f32)
 SCALAR_CCONV = {"i": "I", "b": "I", "f": "f"}
-_SCALAR_PY = {"i": int, "b": bool, "f": float}
+SCALAR_PY = {"i": int, "b": bool, "f": float}  # kind -> Python type
 
 
 @dataclass(frozen=True)
@@ -154,34 +154,15 @@ class KernelCallSpec:
             elif isinstance(o, TensorListArg):
                 text = "[" + ", ".join("None" if i is None else f"%{i}" for i in o.indices) + "]"
             elif isinstance(o, ScalarArg):
-                text = f"${o.index}: {_SCALAR_PY[o.kind].__name__}"
+                text = f"${o.index}: {SCALAR_PY[o.kind].__name__}"
             else:
                 text = repr(static_values.decode(o.value))
             parts.append(f"{o.name}={text}" if o.kwarg_only else text)
         tensors = iter(self.results)
-        res = ", ".join(next(tensors).short() if k == "t" else _SCALAR_PY[k].__name__
+        res = ", ".join(next(tensors).short() if k == "t" else SCALAR_PY[k].__name__
                         for k in self.out_kinds)
         loc = f"  # {self.location}" if self.location else ""
         return f"{self.key}: {self.qualified_name}({', '.join(parts)}) -> ({res}){loc}"
-
-    def bind(self, tensors: list[torch.Tensor], device: torch.device | None = None,
-             scalars: tuple = ()):
-        """Rebuild ``(args, kwargs)`` for the ATen call from the host operands."""
-        args, kwargs = [], {}
-        for o in self.operands:
-            if isinstance(o, TensorArg):
-                v = tensors[o.index]
-            elif isinstance(o, TensorListArg):
-                v = [None if i is None else tensors[i] for i in o.indices]
-            elif isinstance(o, ScalarArg):
-                v = _SCALAR_PY[o.kind](scalars[o.index])
-            else:
-                v = static_values.decode(o.value, device=device)
-            if o.kwarg_only:
-                kwargs[o.name] = v
-            else:
-                args.append(v)
-        return args, kwargs
 
     def to_json(self) -> dict[str, Any]:
         ops = []
