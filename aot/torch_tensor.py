@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any
 
 import torch
@@ -131,7 +132,7 @@ class TorchTensor:
         qp = QuantParams.from_tensor(t) if t.is_quantized and t.device.type != "meta" else None
         return TorchTensor(dtype_name(t.dtype), shape, strides, qp)
 
-    @property
+    @cached_property
     def torch_dtype(self) -> torch.dtype:
         return dtype_from_name(self.dtype)
 
@@ -139,13 +140,13 @@ class TorchTensor:
     def numel(self) -> int:
         return math.prod(self.shape)
 
-    @property
+    @cached_property
     def is_contiguous(self) -> bool:
         """Row-major dense (size-1 dims may have any stride, as in torch)."""
         expect = _contiguous_strides(self.shape)
         return all(s == e or n <= 1 for s, e, n in zip(self.strides, expect, self.shape))
 
-    @property
+    @cached_property
     def memory_format(self) -> str:
         if self.is_contiguous:
             return "contiguous"
@@ -193,6 +194,9 @@ class TorchTensor:
         Strides are checked by memory format: a channels-last input where a
         contiguous one was compiled for (or the reverse) is an error, not a copy.
         """
+        if (isinstance(t, torch.Tensor) and t.dtype == self.torch_dtype and self.qparams is None
+                and t.shape == self.shape and t.stride() == self.strides):
+            return  # exactly as compiled (the common case, checked in a few attribute reads)
         if not isinstance(t, torch.Tensor):
             raise InputMismatch(f"{name}: expected a torch.Tensor {self.short()}, "
                                 f"got {type(t).__name__}")

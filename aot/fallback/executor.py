@@ -24,7 +24,9 @@ from ..torch_tensor import dtype_from_name
 from .bound import BoundCall
 from .cuda_graph import GraphedRegion
 from .layout import CONV_OPS, ChannelsLast, has_conv, layout_safe
-from .quantized_ops import PREPACKED
+from .prepack import DEFERRED, plan_fusions
+from .quantized_ops import IMPLS, PREPACKED
+from .quantized_ops import NAMESPACE as QUANTIZED_NAMESPACE
 from .spec import (HOST_MODULE, KernelCallSpec, StaticArg, TensorArg, lacks_cuda_kernel,
                    resolve_op)
 
@@ -40,6 +42,7 @@ class HostModule:
     interface: "rt.PyModuleInterface"
     pending_error: BaseException | None = None
     calls: int = field(default=0)
+    functions: dict = field(default_factory=dict)  # key -> its _KernelCall
 
     def take_error(self) -> BaseException | None:
         err, self.pending_error = self.pending_error, None
@@ -53,14 +56,18 @@ class ExecOptions:
     ``memory_format="channels_last"``: convolution groups whose ops are all
     layout-safe run NHWC (``aot.fallback.layout``). ``cuda_graphs``: on CUDA a
     group is replayed from a CUDA graph after its first call
-    (``aot.fallback.cuda_graph``).
+    (``aot.fallback.cuda_graph``). ``prepack``: on the CPU, convolutions (in
+    NHWC groups) and linears run on weights packed once, with ReLU and residual
+    adds fused into the convolutions (``aot.fallback.prepack``).
     """
 
     memory_format: str = "contiguous"
     cuda_graphs: bool = True
+    prepack: bool = False
 
     def to_json(self) -> dict:
-        return {"memory_format": self.memory_format, "cuda_graphs": self.cuda_graphs}
+        return {"memory_format": self.memory_format, "cuda_graphs": self.cuda_graphs,
+                "prepack": self.prepack}
 
     @staticmethod
     def from_json(d: dict | None) -> "ExecOptions":
@@ -69,7 +76,7 @@ class ExecOptions:
         if fmt not in ("contiguous", "channels_last"):
             raise ArtifactError(f"executor memory_format {fmt!r} is not contiguous or "
                                 "channels_last", stage="load")
-        return ExecOptions(fmt, bool(d.get("cuda_graphs", True)))
+        return ExecOptions(fmt, bool(d.get("cuda_graphs", True)), bool(d.get("prepack", False)))
 
 
 def _storage_ptr(t: torch.Tensor) -> int:
@@ -89,6 +96,8 @@ def _resolve(spec: KernelCallSpec):
                  if (isinstance(o, TensorArg) and o.constant) or isinstance(o, StaticArg)}
         if all(n in const for n in needs):
             return site()  # weights packed on the first call, not on every call
+    if spec.op.startswith(QUANTIZED_NAMESPACE + "::") and spec.overload == "default":
+        return IMPLS[spec.op.split("::", 1)[1]]  # the same Python kernel, without the dispatcher
     return op
 
 
@@ -104,14 +113,17 @@ def _adapt(t, spec):
 
 
 class _Slots:
-    """``tensors[i]`` for ``KernelCallSpec.bind``, adapting each slot to the member's spec."""
+    """``tensors[i]`` for ``BoundCall.bind``, adapting each slot to the member's spec."""
 
-    def __init__(self, env: list, member: KernelCallSpec):
-        self.env = env
-        self.specs = {o.index: o.spec for o in member.operands if isinstance(o, TensorArg)}
+    def __init__(self, env: list, specs: dict):
+        self.env, self.specs = env, specs
 
     def __getitem__(self, i):
         return _adapt(self.env[i], self.specs.get(i))
+
+
+def _slot_specs(member: KernelCallSpec) -> dict:
+    return {o.index: o.spec for o in member.operands if isinstance(o, TensorArg)}
 
 
 class _KernelCall:
@@ -138,6 +150,11 @@ class _KernelCall:
             warnings.warn(f"kernel call {spec.key} ({spec.qualified_name}) has no CUDA kernel in "
                           "ATen: it runs on the CPU with copies across devices", stacklevel=2)
         self.bound = None if spec.is_group else BoundCall(spec, _resolve(spec), self.torch_device)
+        self.quantized_inputs = any(s.qparams is not None for s in spec.inputs)
+        self.crossing_dtypes = [d for d, const in self.operand_plan if const is None]
+        # storages a result must not share: host-held constants' fixed ones, plus
+        # the crossing operands' (taken per call)
+        self.const_ptrs = {_storage_ptr(c) for _, c in self.operand_plan if c is not None}
         self.region = None
         if spec.is_group:
             self._prepare_group(options)
@@ -156,9 +173,13 @@ class _KernelCall:
                                  bool(weight and weight.constant),
                                  any(isinstance(o, TensorArg) and o.spec.qparams is not None
                                      for o in m.operands)
-                                 or any(r.qparams is not None for r in m.results)))
+                                 or any(r.qparams is not None for r in m.results),
+                                 _slot_specs(m)))
+        self.fused = (plan_fusions([m[0] for m in self.members], len(self.spec.inputs),
+                                   self.spec.output_slots, convs=self.nhwc is not None)
+                      if options.prepack and self.torch_device.type == "cpu" else {})
         # quantized slots are adapted per member (quantized tensor or its integer storage)
-        self.adapt = any(q for *_, q in self.members) or any(
+        self.adapt = any(m[3] for m in self.members) or any(
             s.qparams is not None for s in self.spec.inputs)
         if options.cuda_graphs and self.driver == "cuda" and not self.on_cpu:
             held = [const is not None for _, const in self.operand_plan]  # same address every call
@@ -172,38 +193,54 @@ class _KernelCall:
             raise
 
     def _run(self, refs):
+        n = len(self.spec.crossing)
+        crossing = [as_storage(buffer_view_to_torch(self.device, r.deref(rt.HalBufferView),
+                                                    self.driver), dtype)
+                    for r, dtype in zip(refs[:n], self.crossing_dtypes)]
+        vals = [self._tensor_result(i, r) if isinstance(r, torch.Tensor) else r
+                for i, r in enumerate(self.run_tensors(crossing, refs[n:]))]
+        sync_torch(self.driver)  # results complete before IREE's stream reads them
+        return vals[0] if len(vals) == 1 else tuple(vals)
+
+    def run_tensors(self, crossing: list, scalars=()) -> list:
+        """The ATen side of a call: crossing operands (storage form) in, results out.
+
+        Tensor results come back dense, in storage form (a quantized result as
+        its integer representation, qparams checked), never sharing memory with
+        an operand; scalar results as Python numbers. ``CompiledModule`` calls
+        this directly for a program that is one kernel call.
+        """
         self.host.calls += 1
-        raw, n = [], 0
-        for dtype, const in self.operand_plan:
+        raw, it = [], iter(crossing)
+        in_ptrs = set(self.const_ptrs)
+        for _, const in self.operand_plan:
             if const is not None:
                 raw.append(const)
                 continue
-            t = as_storage(buffer_view_to_torch(self.device, refs[n].deref(rt.HalBufferView),
-                                                self.driver), dtype)
+            t = next(it)
+            in_ptrs.add(_storage_ptr(t))
             raw.append(t.cpu() if self.on_cpu else t)
-            n += 1
         # quantized operands: real quantized tensors over the same memory
-        tensors = [s.from_storage(t) for s, t in zip(self.spec.inputs, raw)]
+        tensors = ([s.from_storage(t) for s, t in zip(self.spec.inputs, raw)]
+                   if self.quantized_inputs else raw)
         if self.spec.is_group:
             outs = self.region(tensors) if self.region is not None else self._run_members(tensors)
         else:
-            args, kwargs = self.bound.bind(tensors, refs[n:])
+            args, kwargs = self.bound.bind(tensors, scalars)
             out = self._call(self.spec, self.bound.op, args, kwargs)
             outs = list(out) if isinstance(out, (tuple, list)) else [out]
         kinds = self.spec.out_kinds
         if len(outs) != len(kinds):
             raise KernelCallFailed(f"ATen returned {len(outs)} value(s), compiled for {len(kinds)}",
                                    op=self.spec.qualified_name, location=self.spec.location)
-        in_ptrs = {_storage_ptr(t) for t in raw}
         tensor_specs = iter(self.spec.results)
         vals = []
         for i, (r, kind) in enumerate(zip(outs, kinds)):
             if kind == "t":
-                vals.append(self._tensor_result(i, r, next(tensor_specs), in_ptrs))
+                vals.append(self._dense_result(i, r, next(tensor_specs), in_ptrs))
             else:
                 vals.append(float(r) if kind == "f" else int(r))
-        sync_torch(self.driver)  # results complete before IREE's stream reads them
-        return vals[0] if len(vals) == 1 else tuple(vals)
+        return vals
 
     def _call(self, spec, op, args, kwargs):
         try:
@@ -215,8 +252,13 @@ class _KernelCall:
     def _run_members(self, tensors: list) -> list:
         """Run the members in order; intermediates stay ATen tensors (quantized stay quantized)."""
         env = list(tensors)
-        for bound, is_conv, weight_constant, _ in self.members:
-            args, kwargs = bound.bind(_Slots(env, bound.spec) if self.adapt else env)
+        fused = self.fused
+        for i, (bound, is_conv, weight_constant, _, slot_specs) in enumerate(self.members):
+            if i in fused:  # a prepacked kernel, or a member it absorbed (prepack.py)
+                f = fused[i]
+                env.append(None if f is DEFERRED else self._call(f.spec, f, (env,), {}))
+                continue
+            args, kwargs = bound.bind(_Slots(env, slot_specs) if self.adapt else env)
             if is_conv and self.nhwc is not None:
                 args = self.nhwc.conv_args(args, weight_constant)
             out = self._call(bound.spec, bound.op, args, kwargs)
@@ -226,7 +268,7 @@ class _KernelCall:
                 env.append(out)
         return [env[i] for i in self.spec.output_slots]
 
-    def _tensor_result(self, i: int, r, want, in_ptrs):
+    def _dense_result(self, i: int, r, want, in_ptrs) -> torch.Tensor:
         if isinstance(r, torch.Tensor) and want.qparams is not None and r.is_quantized:
             # a quantized result is taken apart; its qparams must be the compiled ones
             try:
@@ -242,8 +284,9 @@ class _KernelCall:
                 op=self.spec.qualified_name, location=self.spec.location)
         if not r.is_contiguous() or _storage_ptr(r) in in_ptrs:
             r = r.contiguous() if not r.is_contiguous() else r.clone()
-        if self.on_cpu:
-            r = r.to(self.torch_device)
+        return r.to(self.torch_device) if self.on_cpu else r
+
+    def _tensor_result(self, i: int, r: torch.Tensor):
         return torch_to_buffer_view(self.device, r, f"{self.spec.key} result {i}").ref
 
 
@@ -258,6 +301,7 @@ def make_host_module(specs: list[KernelCallSpec], device, driver: str,
     host = HostModule(None, iface)  # type: ignore[arg-type]
     for spec in specs:
         fn = _KernelCall(spec, device, driver, host, options, constants)
+        host.functions[spec.key] = fn
         iface.export(spec.key, spec.cconv, lambda _self, *refs, _fn=fn: _fn(*refs))
     host.vm_module = iface.create()
     return host

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 
 import torch
 
-__all__ = ["NAMESPACE", "QUANT_OPERANDS", "PREPACKED", "QuantOperands"]
+__all__ = ["NAMESPACE", "QUANT_OPERANDS", "PREPACKED", "IMPLS", "QuantOperands"]
 
 NAMESPACE = "aot_q"
 _lib = torch.library.Library(NAMESPACE, "DEF")
@@ -157,10 +157,12 @@ def _adaptive_avg_pool2d(x, scale, zp, output_size):
     return _out(torch.nn.functional.adaptive_avg_pool2d(_q(x, scale, zp), output_size), x)
 
 
-_IMPLS = {"quantize": _quantize, "dequantize": _dequantize, "conv2d": _conv2d,
+# op name -> its ATen implementation; the executor calls these directly (the
+# dispatcher's trip into a Python kernel costs more than some of the ops)
+IMPLS = {"quantize": _quantize, "dequantize": _dequantize, "conv2d": _conv2d,
           "linear": _linear, "add": _add, "cat": _cat, "max_pool2d": _max_pool2d,
           "adaptive_avg_pool2d": _adaptive_avg_pool2d}
-for _name, _fn in _IMPLS.items():
+for _name, _fn in IMPLS.items():
     _lib.impl(_name, _fn, "CompositeExplicitAutograd")
 
 

@@ -123,6 +123,7 @@ def _artifact(p: PartitionedProgram, vmfb: bytes, seconds: float) -> CompiledArt
         "policy": {"fallback": p.policy.fallback, "fallback_ops": list(p.policy.fallback_ops),
                    "placement": p.policy.placement},
         "executor": ExecOptions().to_json(),
+        "whole_program_call": p.whole_program_call,
         "compile_seconds": round(seconds, 3),
         "vmfb_sha256": hashlib.sha256(vmfb).hexdigest(),
         "host_constants": table,

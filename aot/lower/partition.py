@@ -34,12 +34,13 @@ from .outline import outline_kernel_calls
 from .placement import COMPILED, KERNEL_CALL, Placement, PlacementPolicy, matches_forced, op_name
 from .targets import Target
 
-__all__ = ["PartitionedProgram", "partition", "torch_mlir"]
+__all__ = ["PartitionedProgram", "partition", "single_call", "torch_mlir"]
 log = logging.getLogger(__name__)
 _MAX_DECOMPOSITION_ROUNDS = 4
-# operands + results of one group, kept under torch's 64-argument schema limit
-# for the placeholder op (an upper bound: shared inputs are counted once per use)
-_MAX_GROUP_WIDTH = 60
+# values crossing into one group (its placeholder op's operands), kept under
+# torch's 64-argument schema limit; the values crossing back are bounded alike
+_MAX_GROUP_INPUTS = 60
+_MAX_GROUP_OUTPUTS = 60
 
 
 @dataclass(frozen=True)
@@ -61,6 +62,9 @@ class PartitionedProgram:
     # weights only kernel calls read, by name: kept beside the module for the host,
     # never passed through IREE (which copies a constant on every call it crosses)
     host_constants: dict[str, torch.Tensor] = field(default_factory=dict)
+    # the key of the one kernel call that *is* the program (model inputs in order
+    # in, its results out in order), or None: see ``single_call``
+    whole_program_call: str | None = None
 
     def __post_init__(self):
         keys = [k.key for k in self.kernel_calls]
@@ -123,6 +127,7 @@ def partition(imported: ImportedProgram, target: Target,
     grouping = _Grouping.find(ep, decided) if policy.group else _Grouping({}, {})
     graph = stateless_graph(ep, lambda n, g, env: _rewrite(n, g, env, decided, specs, grouping,
                                                           node_keys, consts))
+    whole = single_call(graph)
     module = outline_kernel_calls(import_graph(graph), specs)
     on_cpu = set()
     if target.name == "cuda":
@@ -140,7 +145,36 @@ def partition(imported: ImportedProgram, target: Target,
     producers = {n.name: tuple(a.name for a in n.all_input_nodes if a.op == "call_function")
                  for n in _op_nodes(ep)}
     return PartitionedProgram(imported, target, policy, placements, tuple(specs), str(module),
-                              producers, consts.tensors)
+                              producers, consts.tensors,
+                              None if whole is None else specs[whole].key)
+
+
+def single_call(graph: torch.fx.Graph) -> int | None:
+    """The site of the kernel call that is the whole program, or None.
+
+    True when the graph is ``return call(inputs...)``: one kernel call reading the
+    tensor inputs in order and nothing else, its results the outputs in order.
+    The module then holds no compiled code, and the runtime may call that host
+    function without entering the IREE VM (``CompiledModule``).
+    """
+    inputs = [n for n in graph.nodes if n.op == "placeholder"]
+    calls = [n for n in graph.nodes if n.op == "call_function"
+             and isinstance(n.target, torch._ops.OpOverload) and n.target.namespace == "aot_kc"]
+    rest = [n for n in graph.nodes if n.op == "call_function" and n not in calls
+            and not (n.target is operator.getitem and n.args[0] in calls)]
+    if len(calls) != 1 or rest or list(calls[0].args[:-1]) != inputs:
+        return None
+    k = calls[0]
+    out = next(n for n in graph.nodes if n.op == "output").args[0]
+    outs = list(out) if isinstance(out, (list, tuple)) else [out]
+    val = k.meta.get("val")
+    if isinstance(val, (list, tuple)):
+        want = [("item", i) for i in range(len(val))]
+        got = [("item", o.args[1]) if isinstance(o, torch.fx.Node) and o.target is operator.getitem
+               and o.args[0] is k else None for o in outs]
+    else:
+        want, got = [k], outs
+    return k.args[-1] if got == want else None
 
 
 def _decompose_uncovered(ep, target, policy, cache, kept: dict):
@@ -318,23 +352,63 @@ class _Grouping:
         sig = ep.graph_signature
         held = {*sig.inputs_to_parameters, *sig.inputs_to_buffers,
                 *sig.inputs_to_lifted_tensor_constants}  # host-held: do not cross
-        groups, cur, after, width = [], [], set(), 0
+        groups, cur, after, width = [], [], set(), _Width(held)
         for n in _op_nodes(ep):
             if decided.get(n, (COMPILED,))[0] == KERNEL_CALL and _groupable(n):
                 deps = {_source(a) for a in n.all_input_nodes}
-                w = sum(a.name not in held for a in n.all_input_nodes) + _n_results(n)
-                if cur and not deps & after and width + w <= _MAX_GROUP_WIDTH:
+                if cur and not deps & after and width.admits(n):
                     cur.append(n)
-                    width += w
+                    width.add(n)
                     continue
                 if len(cur) > 1:
                     groups.append(cur)
-                cur, after, width = [n], set(), w
+                cur, after, width = [n], set(), _Width(held)
+                width.add(n)
             elif cur:
                 after.add(n)
         if len(cur) > 1:
             groups.append(cur)
         return _Grouping({m: tuple(grp) for grp in groups for m in grp}, {})
+
+
+class _Width:
+    """The values crossing into and out of an open group, kept exactly as members join.
+
+    In: distinct values read from outside the group, host-held constants not
+    counted. Out: member results read by a node outside the group (a later
+    member reading a result takes it off the count).
+    """
+
+    def __init__(self, held: set):
+        self.held, self.members = held, set()
+        self.ins: set = set()
+        self.outs: set = set()  # (member, result index)
+
+    def _step(self, n: torch.fx.Node) -> tuple[set, set]:
+        members = self.members
+        members.add(n)  # tentatively (sets of at most 60 are copied, the members never)
+        try:
+            ins = self.ins | {a for a in n.all_input_nodes
+                              if _source(a) not in members and a.name not in self.held}
+            outs = set(self.outs)
+            for a in n.all_input_nodes:
+                src = _source(a)
+                if src is not n and src in members:
+                    r = a.args[1] if a is not src else 0
+                    if (src, r) in outs and not _used_outside(src, r, members):
+                        outs.discard((src, r))
+            outs |= {(n, r) for r in range(_n_results(n)) if _used_outside(n, r, members)}
+        finally:
+            members.discard(n)
+        return ins, outs
+
+    def admits(self, n: torch.fx.Node) -> bool:
+        ins, outs = self._step(n)
+        return len(ins) <= _MAX_GROUP_INPUTS and len(outs) <= _MAX_GROUP_OUTPUTS
+
+    def add(self, n: torch.fx.Node) -> None:
+        self.ins, self.outs = self._step(n)
+        self.members.add(n)
 
 
 def _source(a: torch.fx.Node) -> torch.fx.Node:

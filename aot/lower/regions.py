@@ -11,8 +11,12 @@ fastest on this machine, end to end, calls interleaved, median of several:
 - ``iree``: the per-op placement ``partition`` decided (IREE + kernel calls);
 - ``aten``: every op a kernel call, neighbours grouped into as few crossings as
   the boundary allows (batch norm is already folded into the convolutions);
-- ``aten-channels-last``: the same with convolutions run NHWC (only for programs
-  whose grouped ops are all layout-safe, see ``aot.fallback.layout``).
+- ``aten-prepacked`` (CPU, where torch has oneDNN): the same with convolutions
+  and linears on weights packed once and ReLU / residual adds fused into the
+  convolutions (``aot.fallback.prepack``), convolutions NHWC where every
+  grouped op is layout-safe (``aot.fallback.layout``);
+- ``aten-channels-last`` (elsewhere, e.g. CUDA): the ``aten`` region with
+  convolutions run NHWC, for programs whose grouped ops are all layout-safe.
 
 The manifest's ``"region"`` entry and the report give every candidate's time.
 Nothing is measured (the per-op placement stands) when the target device is
@@ -31,6 +35,8 @@ import torch
 import torch.utils._pytree as pytree
 
 from ..artifact import CompiledArtifact
+from ..fallback import prepack
+from ..fallback.quantized_ops import NAMESPACE as QUANTIZED_NAMESPACE
 from ..fallback.executor import ExecOptions
 from ..fallback.layout import has_conv, layout_safe
 from ..importer.program import ImportedProgram
@@ -48,13 +54,20 @@ _WARMUP = 3       # the second call of a CUDA region captures its graph
 
 
 def worth_measuring(imported: ImportedProgram, target: Target, policy: PlacementPolicy) -> bool:
-    """Default options, the device here, and at least one heavy op in the program."""
+    """Default options, the device here, and at least one heavy op (or quantized conv/linear)."""
     if policy.fallback != "auto" or policy.placement != "auto" or policy.fallback_ops:
         return False
     if not target.driver.startswith("local") and not torch.cuda.is_available():
         return False
-    return any(n.op == "call_function" and (node_flops(n) or 0) >= MIN_FLOPS
+    return any(n.op == "call_function" and ((node_flops(n) or 0) >= MIN_FLOPS or _quantized_mm(n))
                for n in imported.exported.graph.nodes)
+
+
+def _quantized_mm(n) -> bool:
+    """A quantized convolution or linear (``aot_q``), which has no FLOP formula."""
+    t = n.target
+    return (isinstance(t, torch._ops.OpOverload) and t.namespace == QUANTIZED_NAMESPACE
+            and t._opname in ("conv2d", "linear"))
 
 
 def choose_region(per_op: CompiledArtifact, imported: ImportedProgram, target: Target,
@@ -76,7 +89,12 @@ def choose_region(per_op: CompiledArtifact, imported: ImportedProgram, target: T
         aten = compile_program(p)
         cands["aten"] = aten
         ops = [m["op"] for k in aten.manifest["kernel_calls"] for m in (k.get("members") or [k])]
-        if has_conv(ops) and layout_safe(ops):
+        nhwc = has_conv(ops) and layout_safe(ops)
+        if target.driver.startswith("local") and prepack.available() \
+                and (has_conv(ops) or "aten::linear" in ops):
+            cands["aten-prepacked"] = _with_executor(
+                aten, ExecOptions("channels_last" if nhwc else "contiguous", prepack=True))
+        elif nhwc:
             cands["aten-channels-last"] = _with_executor(aten, ExecOptions("channels_last"))
     except Exception as e:  # an ATen region is an optimisation: without it, per-op stands
         log.info("no ATen-region candidate: %s", e)

@@ -41,6 +41,7 @@ class CompiledModule:
     def __init__(self, artifact: CompiledArtifact, *, open_device: bool = True):
         self.artifact = artifact
         self.host = None
+        self._direct = None
         m = artifact.manifest
         self.driver: str = m["driver"]
         self.inputs = [TorchTensor.from_json(i) if "dtype" in i else ("static", i["static"])
@@ -50,6 +51,10 @@ class CompiledModule:
         self._out_storage = [dtype_from_name(o.storage_dtype) for o in self.outputs]
         self.in_spec = pytree.treespec_loads(m["in_spec"])
         self.out_spec = pytree.treespec_loads(m["out_spec"])
+        # the common call shapes skip pytree: positional leaves in, one leaf out
+        self._positional = self.in_spec == pytree.tree_structure(
+            (tuple(range(len(self.inputs))), {}))
+        self._one_out = self.out_spec.is_leaf()
         self.kernel_calls = [KernelCallSpec.from_json(k) for k in m["kernel_calls"]]
         self.exec_options = ExecOptions.from_json(m.get("executor"))
         self.torch_device = (torch.device("cpu") if self.driver.startswith("local")
@@ -71,6 +76,12 @@ class CompiledModule:
         except RuntimeError as e:
             raise ArtifactError(f"IREE could not load the module: {e}") from e
         self.main = main.lookup_function("main")
+        # A program that is one kernel call (an ATen region chosen by measurement)
+        # holds no compiled code: on the CPU its host function is called directly,
+        # without the VM's marshalling (same function, same checks, same results).
+        key = self.manifest.get("whole_program_call")
+        self._direct = (self.host.functions[key] if key and self.driver.startswith("local")
+                        else None)
 
     @property
     def manifest(self) -> dict:
@@ -91,14 +102,19 @@ class CompiledModule:
         return format_report(self.manifest)
 
     def __call__(self, *args, **kwargs):
-        try:
-            # Leaves at the example's leaf positions: a list where a tensor was
-            # expected stays one leaf, so the error can name it.
-            flat = self.in_spec.flatten_up_to((args, kwargs))
-        except (ValueError, TypeError, KeyError):
-            raise InputMismatch(self._structure_error(args, kwargs)) from None
+        if self._positional and not kwargs and len(args) == len(self.inputs):
+            flat = args
+        else:
+            try:
+                # Leaves at the example's leaf positions: a list where a tensor was
+                # expected stays one leaf, so the error can name it.
+                flat = self.in_spec.flatten_up_to((args, kwargs))
+            except (ValueError, TypeError, KeyError):
+                raise InputMismatch(self._structure_error(args, kwargs)) from None
         if self.host is None:  # compiled where the target device is absent: open it now
             self._open()
+        if self._direct is not None:
+            return self._call_direct(flat)
         arg_list = rt.VmVariantList(len(flat))
         keep = []
         for leaf, want, name in zip(flat, self.inputs, self.input_names):
@@ -115,15 +131,34 @@ class CompiledModule:
                 keep.append(dense)
                 arg_list.push_ref(torch_to_buffer_view(self.device, dense, name).ref)
             else:
-                expected = static_values.decode(want[1])
-                if leaf != expected:
-                    raise InputMismatch(f"{name}: the model was compiled with the value "
-                                        f"{expected!r} here, got {leaf!r}; recompile to change it")
+                self._check_static(leaf, want, name)
         results = rt.VmVariantList(len(self.outputs))
         sync_torch(self.driver)  # inputs torch is still writing on its stream
         self._invoke(arg_list, results)
         outs = [self._output(results, i, o) for i, o in enumerate(self.outputs)]
-        return pytree.tree_unflatten(outs, self.out_spec)
+        return outs[0] if self._one_out else pytree.tree_unflatten(outs, self.out_spec)
+
+    def _call_direct(self, flat):
+        dense = []
+        for leaf, want, name in zip(flat, self.inputs, self.input_names):
+            if isinstance(want, TorchTensor):
+                want.check(leaf, name)
+                if leaf.device.type != "cpu":
+                    raise InputMismatch(f"{name}: expected a tensor on cpu (module compiled for "
+                                        f"{self.manifest['target']}), got one on {leaf.device}")
+                dense.append(want.to_storage(leaf, name).contiguous())
+            else:
+                self._check_static(leaf, want, name)
+        results = self._direct.run_tensors(dense)
+        outs = [self._finish(t, i, o) for i, (t, o) in enumerate(zip(results, self.outputs))]
+        return outs[0] if self._one_out else pytree.tree_unflatten(outs, self.out_spec)
+
+    @staticmethod
+    def _check_static(leaf, want, name) -> None:
+        expected = static_values.decode(want[1])
+        if leaf != expected:
+            raise InputMismatch(f"{name}: the model was compiled with the value "
+                                f"{expected!r} here, got {leaf!r}; recompile to change it")
 
     def _invoke(self, arg_list, results) -> None:
         try:
@@ -138,7 +173,11 @@ class CompiledModule:
 
     def _output(self, results, i: int, spec: TorchTensor) -> torch.Tensor:
         bv = results.get_as_object(i, rt.HalBufferView)
-        t = as_storage(buffer_view_to_torch(self.device, bv, self.driver), self._out_storage[i])
+        return self._finish(buffer_view_to_torch(self.device, bv, self.driver), i, spec)
+
+    def _finish(self, t: torch.Tensor, i: int, spec: TorchTensor) -> torch.Tensor:
+        """A dense result in storage form -> the tensor eager returns."""
+        t = as_storage(t, self._out_storage[i])
         if not spec.is_contiguous:
             # Give back the layout eager returns (e.g. channels-last or a transpose).
             out = torch.empty_strided(spec.shape, spec.strides, dtype=t.dtype, device=t.device)

@@ -41,7 +41,9 @@ def test_default_compile_measures_regions_and_keeps_the_fastest(convnet):
     cm = aot.compile(m, (x,))
     region = cm.manifest["region"]
     times = region["candidates_ms"]
-    assert {"iree", "aten", "aten-channels-last"} <= set(times)
+    # on a CPU with oneDNN the channels-last candidate is the prepacked one
+    assert {"iree", "aten"} < set(times) <= {"iree", "aten", "aten-prepacked",
+                                             "aten-channels-last"}
     assert region["chosen"] == min(times, key=times.get)
     where = {p["where"] for p in cm.manifest["placements"]}
     if region["chosen"] != "iree":  # one ATen region: every op a kernel call, and the report says why

@@ -1,0 +1,74 @@
+"""Prepacked CPU kernels in ATen regions: packed weights, fused ReLU / residual add."""
+
+import pytest
+import torch
+
+import aot
+from aot.fallback import prepack
+from aot.fallback.executor import ExecOptions
+from aot.lower.regions import _with_executor
+from aot.runtime.module import CompiledModule
+
+pytestmark = pytest.mark.skipif(not prepack.available(),
+                                reason="this torch build has no oneDNN pointwise convolution")
+
+
+class Block(torch.nn.Module):
+    """conv -> relu, conv + residual -> relu, a conv feeding two readers, a linear."""
+
+    def __init__(self):
+        super().__init__()
+        self.c1 = torch.nn.Conv2d(8, 8, 3, padding=1)
+        self.c2 = torch.nn.Conv2d(8, 8, 3, padding=1)
+        self.c3 = torch.nn.Conv2d(8, 8, 1)
+        self.c4 = torch.nn.Conv2d(8, 4, 3, stride=2, padding=1, bias=False)
+        self.fc = torch.nn.Linear(4 * 8 * 8, 10)
+
+    def forward(self, x):
+        y = torch.relu(self.c1(x))
+        y = torch.relu(self.c2(y) + x)        # residual add, then relu
+        z = self.c3(y)
+        y = torch.relu(z) + z                  # z has two readers: not fused
+        return self.fc(self.c4(y).flatten(1)), y
+
+
+def _fusions(cm):
+    fn = cm.host.functions[cm.manifest["kernel_calls"][0]["key"]]
+    return fn.fused
+
+
+def test_prepacked_region_matches_eager_and_fuses():
+    torch.manual_seed(0)
+    m = Block().eval()
+    x = torch.randn(2, 8, 16, 16)
+    allm = aot.compile(m, (x,), fallback="all")
+    packed = CompiledModule(_with_executor(allm.artifact,
+                                           ExecOptions("channels_last", prepack=True)))
+    with torch.no_grad():
+        ref = m(x)
+        for _ in range(3):  # the first call packs the weights, later calls reuse them
+            got = packed(x)
+            # oneDNN / MKL accumulate in another order: float rounding only
+            torch.testing.assert_close(got, ref, rtol=1e-4, atol=1e-4)
+    plan = _fusions(packed)
+    kinds = sorted(type(f).__name__ if f is not prepack.DEFERRED else "deferred"
+                   for f in plan.values())
+    # c1+relu, c2+add+relu, c3 alone, c4 alone, fc: 4 packed convs (2 absorbing 3 members)
+    assert kinds.count("PackedConv") == 4
+    assert kinds.count("deferred") == 3
+    fused = [f for f in plan.values() if isinstance(f, prepack.PackedConv)]
+    assert sorted((f.unary, f.other_slot is not None) for f in fused) == [
+        ("none", False), ("none", False), ("relu", False), ("relu", True)]
+    if prepack._mkl_linear_available():
+        assert kinds.count("PackedLinear") == 1
+
+
+def test_contiguous_groups_pack_only_linears():
+    torch.manual_seed(0)
+    m = Block().eval()
+    x = torch.randn(2, 8, 16, 16)
+    allm = aot.compile(m, (x,), fallback="all")
+    packed = CompiledModule(_with_executor(allm.artifact, ExecOptions(prepack=True)))
+    with torch.no_grad():
+        torch.testing.assert_close(packed(x), m(x), rtol=1e-4, atol=1e-4)
+    assert not any(isinstance(f, prepack.PackedConv) for f in _fusions(packed).values())
