@@ -45,6 +45,13 @@ def format_report(manifest: dict) -> str:
     ex = manifest.get("executor") or {}
     if ex.get("memory_format") == "channels_last":
         lines.append("ATen regions run convolutions channels-last (NHWC)")
+    if ex.get("prepack"):
+        lines.append("ATen regions run on prepacked CPU kernels: convolutions (oneDNN, ReLU and "
+                     "residual adds fused) and linears (MKL) on weights packed once, written-out "
+                     "attention as one fused kernel")
+    if manifest.get("whole_program_call"):
+        lines.append("the program is one kernel call: on the CPU the runtime calls it directly, "
+                     "without entering the IREE VM")
     if s["flops_compiled"] or s["flops_fallback"]:
         lines.append(f"FLOPs (where known): {_gflops(s['flops_compiled'])} compiled, "
                      f"{_gflops(s['flops_fallback'])} in ATen")

@@ -15,7 +15,11 @@ on the CPU (``ExecOptions(prepack=True)``) it can do what eager cannot:
   as one kernel at the position of its last op, the skipped slots stay empty
   (nothing else reads them);
 - a ``linear`` with a constant 2-D weight runs as ``mkl._mkl_linear`` on a
-  weight packed once for its static batch size.
+  weight packed once for its static batch size;
+- attention written out as ``softmax(q @ k.transpose(-2, -1) / c) @ v`` (the
+  division optional, or a multiplication) runs as one
+  ``scaled_dot_product_attention`` (ATen's fused CPU kernel), when nothing else
+  reads the intermediates.
 
 Values change by rounding only (oneDNN and MKL accumulate in another order);
 the region candidate that uses this is chosen only where it measured faster
@@ -115,6 +119,18 @@ class PackedLinear:
         return torch.ops.mkl._mkl_linear(x, self.packed, w, b, self.batch)
 
 
+class FusedAttention:
+    """``softmax(q @ k^T * scale) @ v`` as one ATen scaled-dot-product-attention kernel."""
+
+    def __init__(self, spec: KernelCallSpec, q: int, k: int, v: int, scale: float):
+        self.spec, self.q, self.k, self.v, self.scale = spec, q, k, v, scale
+
+    def __call__(self, env: list) -> torch.Tensor:
+        out = torch.ops.aten.scaled_dot_product_attention.default(
+            env[self.q], env[self.k], env[self.v], None, 0.0, False, scale=self.scale)
+        return out.contiguous()  # readers expect the matmul's dense result
+
+
 def _packable_conv(spec: KernelCallSpec) -> bool:
     if spec.op not in _CONV_ARGS or spec.overload not in ("default", ""):
         return False
@@ -175,9 +191,21 @@ def plan_fusions(members: list, n_inputs: int, output_slots, convs: bool) -> dic
         us = users.get(slot, [])
         return us[0] if len(us) == 1 and slot not in outputs else None
 
+    producer = {}  # slot -> member making it
+    for i, s in enumerate(specs):
+        for r in range(max(len(s.results), 1)):
+            producer[slot_of[i] + r] = i
+
     plan: dict = {}
     for i, s in enumerate(specs):
         if i in plan:
+            continue
+        attention = _match_attention(i, specs, slot_of, producer, only_reader, plan)
+        if attention is not None:
+            *absorbed, last, fused = attention
+            for k in absorbed:
+                plan[k] = DEFERRED
+            plan[last] = fused
             continue
         if convs and _packable_conv(s):
             chain, unary, other = [i], "none", None
@@ -201,3 +229,60 @@ def plan_fusions(members: list, n_inputs: int, output_slots, convs: bool) -> dic
             x = _tensor_operand(s, "input")
             plan[i] = PackedLinear(members[i], math.prod(x.spec.shape[:-1]))
     return plan
+
+
+def _match_attention(i, specs, slot_of, producer, only_reader, plan):
+    """``(absorbed members..., last member, FusedAttention)`` when member ``i`` starts one."""
+    def arg(spec, name):
+        return _tensor_operand(spec, name)
+
+    m1 = specs[i]
+    if (m1.op, m1.overload) != ("aten::matmul", "default"):
+        return None
+    q, kt = arg(m1, "self"), arg(m1, "other")
+    t = producer.get(kt.index) if kt is not None else None
+    if q is None or t is None or t in plan or (specs[t].op, specs[t].overload) != \
+            ("aten::transpose", "int"):
+        return None
+    k = arg(specs[t], "self")
+    nd = len(k.spec.shape)
+    dims = {d % nd for d in (_static(specs[t], "dim0"), _static(specs[t], "dim1"))
+            if isinstance(d, int)}
+    if dims != {nd - 2, nd - 1}:
+        return None
+    chain, scale, j = [i], 1.0, only_reader(slot_of[i])
+    if j is not None and specs[j].op in ("aten::div", "aten::mul") and specs[j].overload == "Tensor":
+        c = _static(specs[j], "other")
+        if not isinstance(c, (int, float)) or isinstance(c, bool) or c == 0 \
+                or arg(specs[j], "self").index != slot_of[i]:
+            return None
+        scale = 1.0 / c if specs[j].op == "aten::div" else float(c)
+        chain.append(j)
+        j = only_reader(slot_of[j])
+    if j is None or not _is_last_dim_softmax(specs[j]):
+        return None
+    chain.append(j)
+    j = only_reader(slot_of[j])
+    if j is None or (specs[j].op, specs[j].overload) != ("aten::matmul", "default") \
+            or arg(specs[j], "self").index != slot_of[chain[-1]]:
+        return None
+    v = arg(specs[j], "other")
+    shapes = [q.spec.shape, k.spec.shape, v.spec.shape]
+    if any(len(sh) != 4 for sh in shapes) or len({sh[:-2] for sh in shapes}) != 1 \
+            or any(x.spec.dtype != "float32" for x in (q, k, v)) or any(c in plan for c in chain):
+        return None
+    if only_reader(slot_of[t]) == i:
+        chain.insert(0, t)  # the transposed k is read by nothing else
+    return (*chain, j, FusedAttention(specs[j], q.index, k.index, v.index, scale))
+
+
+def _is_last_dim_softmax(spec: KernelCallSpec) -> bool:
+    x = _tensor_operand(spec, "self")
+    if x is None or x.spec.dtype != "float32":
+        return False
+    last = {-1, len(x.spec.shape) - 1}
+    if (spec.op, spec.overload) == ("aten::softmax", "int"):
+        return _static(spec, "dim") in last and _static(spec, "dtype") is None
+    if (spec.op, spec.overload) == ("aten::_softmax", "default"):
+        return _static(spec, "dim") in last and not _static(spec, "half_to_float", False)
+    return False

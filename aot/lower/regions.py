@@ -91,7 +91,7 @@ def choose_region(per_op: CompiledArtifact, imported: ImportedProgram, target: T
         ops = [m["op"] for k in aten.manifest["kernel_calls"] for m in (k.get("members") or [k])]
         nhwc = has_conv(ops) and layout_safe(ops)
         if target.driver.startswith("local") and prepack.available() \
-                and (has_conv(ops) or "aten::linear" in ops):
+                and (has_conv(ops) or {"aten::linear", "aten::matmul"} & set(ops)):
             cands["aten-prepacked"] = _with_executor(
                 aten, ExecOptions("channels_last" if nhwc else "contiguous", prepack=True))
         elif nhwc:

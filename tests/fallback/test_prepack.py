@@ -72,3 +72,50 @@ def test_contiguous_groups_pack_only_linears():
     with torch.no_grad():
         torch.testing.assert_close(packed(x), m(x), rtol=1e-4, atol=1e-4)
     assert not any(isinstance(f, prepack.PackedConv) for f in _fusions(packed).values())
+
+
+class Attention(torch.nn.Module):
+    def __init__(self, scale_by_mul=False):
+        super().__init__()
+        self.qkv = torch.nn.Linear(32, 96)
+        self.scale_by_mul = scale_by_mul
+
+    def forward(self, x):
+        b, s, h = x.shape
+        q, k, v = self.qkv(x).view(b, s, 3, 4, 8).permute(2, 0, 3, 1, 4)
+        sc = q @ k.transpose(-1, -2)
+        sc = sc * 0.25 if self.scale_by_mul else sc / 8 ** 0.5
+        return (torch.softmax(sc, dim=-1) @ v).transpose(1, 2).reshape(b, s, h)
+
+
+@pytest.mark.parametrize("scale_by_mul", [False, True])
+def test_written_out_attention_runs_as_one_fused_kernel(scale_by_mul):
+    torch.manual_seed(0)
+    m = Attention(scale_by_mul).eval()
+    x = torch.randn(2, 16, 32)
+    allm = aot.compile(m, (x,), fallback="all")
+    packed = CompiledModule(_with_executor(allm.artifact, ExecOptions(prepack=True)))
+    with torch.no_grad():
+        torch.testing.assert_close(packed(x), m(x), rtol=1e-5, atol=1e-5)
+    plan = _fusions(packed)
+    att = [f for f in plan.values() if isinstance(f, prepack.FusedAttention)]
+    assert len(att) == 1 and att[0].scale == pytest.approx(0.25 if scale_by_mul else 8 ** -0.5)
+    # transpose, q @ k^T, the scaling and the softmax are absorbed
+    assert sum(f is prepack.DEFERRED for f in plan.values()) == 4
+
+
+def test_attention_whose_scores_are_also_returned_is_not_fused():
+    class Leaky(Attention):
+        def forward(self, x):
+            b, s, h = x.shape
+            q, k, v = self.qkv(x).view(b, s, 3, 4, 8).permute(2, 0, 3, 1, 4)
+            p = torch.softmax(q @ k.transpose(-1, -2) / 2.0, dim=-1)
+            return p @ v, p
+    m = Leaky().eval()
+    x = torch.randn(1, 16, 32)
+    allm = aot.compile(m, (x,), fallback="all")
+    packed = CompiledModule(_with_executor(allm.artifact, ExecOptions(prepack=True)))
+    with torch.no_grad():
+        for g, r in zip(packed(x), m(x)):
+            torch.testing.assert_close(g, r, rtol=1e-5, atol=1e-5)
+    assert not any(isinstance(f, prepack.FusedAttention) for f in _fusions(packed).values())
