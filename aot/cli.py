@@ -194,9 +194,10 @@ def cmd_bench(args) -> int:
     systems = args.systems.split(",") if args.systems else list(
         suite.QUICK_SYSTEMS if args.quick else suite.SYSTEMS)
     runs = args.runs or (5 if args.quick else 30)
+    min_s = args.min_seconds if args.min_seconds is not None else (0.0 if args.quick else 3.0)
     try:
         rows = suite.run_suite(models, systems, runs, warmup=2 if args.quick else 5,
-                               target=args.target, log=_step)
+                               target=args.target, log=_step, min_seconds=min_s)
     except ValueError as e:
         raise SystemExit(f"aot: {e}")
     info = suite.machine_info(args.target)
@@ -251,6 +252,9 @@ def build_parser() -> argparse.ArgumentParser:
                    "bert, custom_op")
     b.add_argument("--systems", help="comma-separated: eager, inductor, iree-default, aot")
     b.add_argument("--runs", type=int, help="timed runs per system (default 30; quick 5)")
+    b.add_argument("--min-seconds", type=float,
+                   help="keep adding interleaved rounds (up to 2000 runs) until each system "
+                   "has run this long: many more samples for fast models (default 3; quick 0)")
     b.add_argument("--target", default="cpu", help="cpu or cuda")
     b.add_argument("--out", default="bench-results", help="output folder (md, json, png)")
     b.set_defaults(fn=cmd_bench)

@@ -9,7 +9,9 @@ Systems (each skipped with its reason where it cannot run the model):
 - ``aot``: this project, ``aot.compile(model, args)`` with no options.
 
 Calls are interleaved (each repetition calls every system once) after a
-warm-up, so slow drifts of the machine hit all systems alike. Per row: median
+warm-up, so slow drifts of the machine hit all systems alike. After ``runs``
+rounds, systems that have not yet run ``min_seconds`` in total go on, still
+interleaved with each other (fast models get hundreds of samples). Per row: median
 and spread (10th-90th percentile) of latency, throughput, speed relative to
 eager, compile time, peak resident memory while running, and kernel-call
 crossings per inference. Peak memory is the resident memory a call adds on top
@@ -144,8 +146,12 @@ def _first_line(e: BaseException) -> str:
     return f"{type(e).__name__}: {text[0] if text else ''}"[:160]
 
 
+MAX_RUNS = 2000
+
+
 def run_model(name: str, systems, runs: int, warmup: int, target: str,
-              log: Callable[[str], None]) -> list[Row]:
+              log: Callable[[str], None], min_seconds: float = 0.0) -> list[Row]:
+    """At least ``runs`` interleaved rounds, more until every system ran ``min_seconds``."""
     model, example = BENCH_MODELS[name]()
     if target == "cuda":
         model = model.cuda()
@@ -171,9 +177,18 @@ def run_model(name: str, systems, runs: int, warmup: int, target: str,
         calls0 = {s: c.kernel_call_count for s, c in counters.items() if c is not None}
         peaks = {s: 0.0 for s in fns}
         samples = {s: [] for s in fns}
-        log(f"{name}: timing {len(fns)} systems x {runs} interleaved runs ...")
-        for _ in range(runs):
-            for s, fn in fns.items():
+        log(f"{name}: timing {len(fns)} systems x {runs}+ interleaved runs ...")
+        done = 0
+        while True:
+            # after ``runs`` rounds, only systems that have not yet run ``min_seconds``
+            # go on (still interleaved with each other): fast models get many samples,
+            # a slow baseline is not run for minutes
+            active = {s: fn for s, fn in fns.items() if done < runs or (
+                len(samples[s]) < MAX_RUNS and sum(samples[s]) < min_seconds * 1e3)}
+            if not active:
+                break
+            done += 1
+            for s, fn in active.items():
                 _reset_peak_rss()
                 before = _status_mb("VmRSS") or 0.0
                 sync()
@@ -191,7 +206,7 @@ def run_model(name: str, systems, runs: int, warmup: int, target: str,
         r.throughput_per_s = batch / (r.median_ms / 1e3)
         r.peak_rss_mb = round(peaks[s], 1)
         if s in calls0:
-            r.kernel_calls_per_run = (counters[s].kernel_call_count - calls0[s]) / runs
+            r.kernel_calls_per_run = (counters[s].kernel_call_count - calls0[s]) / len(xs)
         elif s != "inductor":
             r.kernel_calls_per_run = 0.0
     eager = rows.get("eager")
@@ -202,7 +217,7 @@ def run_model(name: str, systems, runs: int, warmup: int, target: str,
 
 
 def run_suite(models, systems, runs: int, warmup: int, target: str,
-              log: Callable[[str], None] = print) -> list[Row]:
+              log: Callable[[str], None] = print, min_seconds: float = 0.0) -> list[Row]:
     unknown = [m for m in models if m not in BENCH_MODELS]
     if unknown:
         raise ValueError(f"unknown benchmark model(s) {unknown}; choose from {sorted(BENCH_MODELS)}")
@@ -212,7 +227,7 @@ def run_suite(models, systems, runs: int, warmup: int, target: str,
     rows = []
     for m in models:
         try:
-            rows += run_model(m, systems, runs, warmup, target, log)
+            rows += run_model(m, systems, runs, warmup, target, log, min_seconds)
         except Exception as e:  # e.g. torchvision missing for the int8 model
             rows += [Row(m, s, target, 0, skipped=_first_line(e)) for s in systems]
             log(f"{m}: skipped ({_first_line(e)})")
@@ -227,16 +242,18 @@ def markdown(rows: list[Row], info: dict, runs: int) -> str:
     head = (f"Machine: {info['cpu']}, {info['cores']} cores, torch {info['torch']} "
             f"({info['torch_threads']} threads), IREE {info['iree']}"
             + (f", GPU {info['gpu']}" if "gpu" in info else "") + f"; target {info['target']}; "
-            f"median of {runs} interleaved runs after warm-up.\n\n")
-    lines = ["| model | system | median ms | p10–p90 ms | items/s | speed vs eager | compile s "
-             "| peak RSS added MB | kernel calls/run |", "|" + "---|" * 9]
+            f"medians of at least {runs} interleaved runs after warm-up (runs per row "
+            "in the table).\n\n")
+    lines = ["| model | system | median ms | p10–p90 ms | runs | items/s | speed vs eager "
+             "| compile s | peak RSS added MB | kernel calls/run |", "|" + "---|" * 10]
     for r in rows:
         if r.skipped:
-            lines.append(f"| {r.model} | {r.system} | skipped: {r.skipped} | | | | | | |")
+            lines.append(f"| {r.model} | {r.system} | skipped: {r.skipped} | | | | | | | |")
             continue
         lines.append(
             f"| {r.model} | {r.system} | {_fmt(r.median_ms, '.2f')} | "
-            f"{_fmt(r.p10_ms, '.2f')}–{_fmt(r.p90_ms, '.2f')} | {_fmt(r.throughput_per_s, '.1f')} | "
+            f"{_fmt(r.p10_ms, '.2f')}–{_fmt(r.p90_ms, '.2f')} | {len(r.samples_ms)} | "
+            f"{_fmt(r.throughput_per_s, '.1f')} | "
             f"{_fmt(r.speed_vs_eager, '.2f')}x | {_fmt(r.compile_s, '.1f')} | "
             f"{_fmt(r.peak_rss_mb, '.0f')} | {_fmt(r.kernel_calls_per_run, '.0f')} |")
     return head + "\n".join(lines) + "\n"
