@@ -8,8 +8,9 @@ Systems (each skipped with its reason where it cannot run the model):
   export -> IREE flow such as iree-turbine gives you);
 - ``aot``: this project, ``aot.compile(model, args)`` with no options.
 
-Calls are interleaved (each repetition calls every system once) after a
-warm-up, so slow drifts of the machine hit all systems alike. After ``runs``
+Calls are interleaved (each repetition calls every system once, the order
+rotating from one repetition to the next) after a warm-up, so slow drifts of
+the machine, and what one system leaves running for the next, hit all alike. After ``runs``
 rounds, systems that have not yet run ``min_seconds`` in total go on, still
 interleaved with each other (fast models get hundreds of samples). Per row: median
 and spread (10th-90th percentile) of latency, throughput, speed relative to
@@ -187,8 +188,12 @@ def run_model(name: str, systems, runs: int, warmup: int, target: str,
                 len(samples[s]) < MAX_RUNS and sum(samples[s]) < min_seconds * 1e3)}
             if not active:
                 break
+            # the order rotates every round, so each system follows each other one
+            # equally often (a call runs slower right after IREE's worker threads ran)
+            order = list(active.items())
+            k = done % len(order)
             done += 1
-            for s, fn in active.items():
+            for s, fn in order[k:] + order[:k]:
                 _reset_peak_rss()
                 before = _status_mb("VmRSS") or 0.0
                 sync()

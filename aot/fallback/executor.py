@@ -163,7 +163,7 @@ class _KernelCall:
         ops = [m.op for m in self.spec.members]
         self.nhwc = (ChannelsLast() if options.memory_format == "channels_last"
                      and layout_safe(ops) and has_conv(ops) else None)
-        self.members = []
+        self.members, self.steps = [], None
         for m in self.spec.members:
             op = _resolve(m)
             if self.nhwc is not None:
@@ -249,23 +249,53 @@ class _KernelCall:
             raise KernelCallFailed(f"ATen raised {type(e).__name__}: {e}\n  in {spec!r}",
                                    op=spec.qualified_name, location=spec.location) from e
 
+    def _steps(self) -> list:
+        """Per member ``(kind, payload)``: what ``_run_members`` does, decided once.
+
+        ``0``: a prepacked kernel (or ``DEFERRED``, a member it absorbed);
+        ``1``: a plain call, ``(bind, C++ op)``; ``2``: the general path
+        (quantized slots adapted, or an NHWC convolution).
+        """
+        steps = []
+        for i, (bound, is_conv, weight_constant, _, slot_specs) in enumerate(self.members):
+            if i in self.fused:
+                steps.append((0, self.fused[i]))
+            elif self.adapt or (is_conv and self.nhwc is not None):
+                steps.append((2, (bound, is_conv, weight_constant, slot_specs)))
+            else:  # OpOverload: straight to its C++ callable (no Python frame per op)
+                steps.append((1, (bound.bind, getattr(bound.op, "_op", bound.op))))
+        return steps
+
     def _run_members(self, tensors: list) -> list:
         """Run the members in order; intermediates stay ATen tensors (quantized stay quantized)."""
         env = list(tensors)
-        fused = self.fused
-        for i, (bound, is_conv, weight_constant, _, slot_specs) in enumerate(self.members):
-            if i in fused:  # a prepacked kernel, or a member it absorbed (prepack.py)
-                f = fused[i]
-                env.append(None if f is DEFERRED else self._call(f.spec, f, (env,), {}))
-                continue
-            args, kwargs = bound.bind(_Slots(env, slot_specs) if self.adapt else env)
-            if is_conv and self.nhwc is not None:
-                args = self.nhwc.conv_args(args, weight_constant)
-            out = self._call(bound.spec, bound.op, args, kwargs)
-            if isinstance(out, (tuple, list)):
-                env.extend(out)
-            else:
-                env.append(out)
+        if self.steps is None:
+            self.steps = self._steps()
+        i = 0
+        try:
+            for i, (kind, p) in enumerate(self.steps):
+                if kind == 1:
+                    args, kwargs = p[0](env)
+                    out = p[1](*args, **kwargs)
+                elif kind == 0:
+                    out = None if p is DEFERRED else p(env)
+                else:
+                    bound, is_conv, weight_constant, slot_specs = p
+                    args, kwargs = bound.bind(_Slots(env, slot_specs) if self.adapt else env)
+                    if is_conv and self.nhwc is not None:
+                        args = self.nhwc.conv_args(args, weight_constant)
+                    out = bound.op(*args, **kwargs)
+                if isinstance(out, (tuple, list)):
+                    env.extend(out)
+                else:
+                    env.append(out)
+        except KernelCallFailed:
+            raise
+        except Exception as e:
+            kind, p = self.steps[i]
+            spec = p.spec if kind == 0 else self.members[i][0].spec
+            raise KernelCallFailed(f"ATen raised {type(e).__name__}: {e}\n  in {spec!r}",
+                                   op=spec.qualified_name, location=spec.location) from e
         return [env[i] for i in self.spec.output_slots]
 
     def _dense_result(self, i: int, r, want, in_ptrs) -> torch.Tensor:
