@@ -1,0 +1,120 @@
+"""Kernel-level comparisons behind the prepacked ATen regions (``aot/fallback/prepack.py``).
+
+For each case, interleaved calls, median of ``--runs``:
+
+- ResNet18 (batch 1) convolutions: ATen's ``conv2d`` as eager calls it, against
+  ``mkldnn._convolution_pointwise`` on a weight packed once (NHWC input), per layer and
+  summed over the 20 convolutions;
+- BERT attention (1x4x128x32): ``softmax(q @ k^T / c) @ v`` written out, against
+  ``scaled_dot_product_attention``;
+- quantized 3x3 convolutions (+ReLU): ATen's ``quantized.conv2d_relu`` (x86 engine),
+  against oneDNN's ``onednn.qconv2d_pointwise`` on a weight packed once.
+
+    python benchmarks/kernels.py [--runs 50]
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import platform
+import statistics
+import time
+
+import torch
+
+
+def _interleaved(fns: dict, runs: int) -> dict:
+    for f in fns.values():
+        for _ in range(3):
+            f()
+    samples = {k: [] for k in fns}
+    for _ in range(runs):
+        for k, f in fns.items():
+            t = time.perf_counter()
+            f()
+            samples[k].append(time.perf_counter() - t)
+    return {k: statistics.median(v) * 1e3 for k, v in samples.items()}
+
+
+def resnet18_convs(runs: int) -> None:
+    from models.resnet18 import resnet18
+    model, (x,) = resnet18(batch=1)
+    inputs = {}
+    def keep(m, i, o):
+        inputs.setdefault(m, i[0])  # returns None: the output is left as it is
+    hooks = [c.register_forward_hook(keep) for c in model.modules()
+             if isinstance(c, torch.nn.Conv2d)]
+    model(x)
+    for h in hooks:
+        h.remove()
+    tot = {"aten": 0.0, "packed": 0.0}
+    for c, xi in inputs.items():
+        w = c.weight
+        b = c.bias if c.bias is not None else torch.zeros(w.shape[0])
+        p, s, d = list(c.padding), list(c.stride), list(c.dilation)
+        xcl = xi.contiguous(memory_format=torch.channels_last)
+        pw = torch.ops.mkldnn._reorder_convolution_weight(w, p, s, d, c.groups, list(xi.shape))
+        t = _interleaved({
+            "aten": lambda: torch.nn.functional.conv2d(xi, w, b, s, p, d, c.groups),
+            "packed": lambda: torch.ops.mkldnn._convolution_pointwise(
+                xcl, pw, b, p, s, d, c.groups, "none", [], ""),
+        }, runs)
+        for k in tot:
+            tot[k] += t[k]
+        print(f"  conv {tuple(w.shape)} on {tuple(xi.shape)}: aten {t['aten']:.3f} ms, "
+              f"packed oneDNN {t['packed']:.3f} ms")
+    print(f"ResNet18 convolutions, sum of medians: aten {tot['aten']:.2f} ms, "
+          f"packed oneDNN {tot['packed']:.2f} ms ({tot['aten'] / tot['packed']:.2f}x)")
+
+
+def attention(runs: int) -> None:
+    b, h, s, d = 1, 4, 128, 32
+    q, k, v = torch.randn(b, s, 3, h, d).permute(2, 0, 3, 1, 4).unbind(0)
+    t = _interleaved({
+        "written out": lambda: torch.softmax(q @ k.transpose(-1, -2) / math.sqrt(d), -1) @ v,
+        "sdpa": lambda: torch.ops.aten.scaled_dot_product_attention.default(
+            q, k, v, None, 0.0, False, scale=1 / math.sqrt(d)),
+    }, runs)
+    print(f"BERT attention {b}x{h}x{s}x{d}: written out {t['written out'] * 1e3:.0f} us, "
+          f"scaled_dot_product_attention {t['sdpa'] * 1e3:.0f} us")
+
+
+def quantized_convs(runs: int) -> None:
+    torch.backends.quantized.engine = "x86"
+    for c, hw, oc in [(64, 56, 64), (128, 28, 128), (256, 14, 256), (512, 7, 512)]:
+        xs, xz, os_, oz = 0.02, 3, 0.05, 2
+        qx = torch.quantize_per_tensor(torch.rand(1, c, hw, hw), xs, xz, torch.quint8)
+        qx = qx.contiguous(memory_format=torch.channels_last)
+        ws = torch.rand(oc, dtype=torch.float64) * 0.01 + 0.001
+        qw = torch.quantize_per_channel(torch.randn(oc, c, 3, 3) * 0.1, ws,
+                                        torch.zeros(oc, dtype=torch.long), 0, torch.qint8)
+        bias = torch.randn(oc)
+        packed = torch.ops.quantized.conv2d_prepack(qw, bias, [1, 1], [1, 1], [1, 1], 1)
+        opk = torch.ops.onednn.qconv_prepack(qw.int_repr(), ws.float(), xs, xz, [1, 1], [1, 1],
+                                             [1, 1], 1, [1, c, hw, hw])
+        xu, wz = qx.int_repr(), torch.zeros(oc, dtype=torch.long)
+        t = _interleaved({
+            "x86": lambda: torch.ops.quantized.conv2d_relu(qx, packed, os_, oz),
+            "onednn": lambda: torch.ops.onednn.qconv2d_pointwise(
+                xu, xs, xz, opk, ws.float(), wz, bias, [1, 1], [1, 1], [1, 1], 1, os_, oz,
+                torch.uint8, "relu", [], ""),
+        }, runs)
+        print(f"int8 conv3x3+relu {c}->{oc} at {hw}x{hw}: quantized (x86 engine) "
+              f"{t['x86']:.3f} ms, oneDNN qconv {t['onednn']:.3f} ms")
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("--runs", type=int, default=50)
+    a = p.parse_args()
+    torch.set_grad_enabled(False)
+    print(f"machine: {platform.processor() or platform.machine()}, "
+          f"{torch.get_num_threads()} threads, torch {torch.__version__}")
+    resnet18_convs(a.runs)
+    attention(a.runs * 10)
+    quantized_convs(a.runs)
+
+
+if __name__ == "__main__":
+    main()
