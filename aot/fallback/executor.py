@@ -58,7 +58,8 @@ class ExecOptions:
     group is replayed from a CUDA graph after its first call
     (``aot.fallback.cuda_graph``). ``prepack``: on the CPU, convolutions (in
     NHWC groups) and linears run on weights packed once, with ReLU and residual
-    adds fused into the convolutions (``aot.fallback.prepack``).
+    adds fused into the convolutions, and written-out attention runs as one
+    fused kernel (``aot.fallback.prepack``).
     """
 
     memory_format: str = "contiguous"
