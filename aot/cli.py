@@ -93,7 +93,8 @@ def cmd_compile(args) -> int:
         return 0
     _step(f"partitioning for {target.name} (fallback={policy.fallback!r}) and compiling "
           f"with IREE ({target.backend}) ...")
-    art = compile_model(imported, target, policy)
+    # the example inputs time the region candidates, as aot.compile does
+    art = compile_model(imported, target, policy, example=(tuple(example), {}))
     out = args.output or f"{imported.name.lower()}.aot"
     art.save(out)
     n_kc = len(art.manifest["kernel_calls"])

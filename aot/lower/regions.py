@@ -9,6 +9,10 @@ builds the candidates below and keeps the one that runs the example inputs
 fastest on this machine, end to end, calls interleaved, median of several:
 
 - ``iree``: the per-op placement ``partition`` decided (IREE + kernel calls);
+- ``iree-sync`` (CPU, when that placement has both compiled code and kernel
+  calls): the same artifact on IREE's ``local-sync`` driver, whose dispatches
+  run on the calling thread, so no hand-off to worker threads around each
+  crossing (compiled code then runs on one thread);
 - ``aten``: every op a kernel call, neighbours grouped into as few crossings as
   the boundary allows (batch norm is already folded into the convolutions);
 - ``aten-prepacked`` (CPU, where torch has oneDNN): the same with convolutions
@@ -84,6 +88,13 @@ def choose_region(per_op: CompiledArtifact, imported: ImportedProgram, target: T
 
     t0 = time.perf_counter()
     cands = {"iree": per_op}
+    if target.driver == "local-task" and any(
+            pl["where"] == "compiled" for pl in per_op.manifest["placements"]) \
+            and per_op.manifest["kernel_calls"]:
+        # IREE's dispatches on the calling thread: no hand-off to worker threads
+        # around each kernel call, at the price of single-threaded compiled code
+        cands["iree-sync"] = CompiledArtifact(
+            per_op.vmfb, {**per_op.manifest, "driver": "local-sync"}, per_op.constants)
     try:
         p = partition(imported, target, PlacementPolicy("all"))
         aten = compile_program(p)
@@ -105,8 +116,8 @@ def choose_region(per_op: CompiledArtifact, imported: ImportedProgram, target: T
     region = {"candidates_ms": {k: round(v, 4) for k, v in times.items()}, "chosen": best,
               "measure_seconds": round(time.perf_counter() - t0, 2)}
     log.info("region placement: %s", region)
-    if best == "iree":
-        return _with_region(per_op, region, per_op.manifest["placements"], policy)
+    if best in ("iree", "iree-sync"):
+        return _with_region(cands[best], region, per_op.manifest["placements"], policy)
     why = (f"one ATen region ({best}): the whole program ran faster in ATen on this machine, "
            f"{times[best]:.3f} ms vs {times['iree']:.3f} ms with IREE and kernel calls "
            "(measured end to end)")

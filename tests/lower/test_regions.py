@@ -42,7 +42,7 @@ def test_default_compile_measures_regions_and_keeps_the_fastest(convnet):
     region = cm.manifest["region"]
     times = region["candidates_ms"]
     # on a CPU with oneDNN the channels-last candidate is the prepacked one
-    assert {"iree", "aten"} < set(times) <= {"iree", "aten", "aten-prepacked",
+    assert {"iree", "aten"} < set(times) <= {"iree", "iree-sync", "aten", "aten-prepacked",
                                              "aten-channels-last"}
     assert region["chosen"] == min(times, key=times.get)
     where = {p["where"] for p in cm.manifest["placements"]}
@@ -92,3 +92,16 @@ def test_weights_read_only_by_kernel_calls_stay_on_the_host(tmp_path):
     bad.write_bytes(bytes(data))
     with pytest.raises(aot.ArtifactError, match="host constants"):
         aot.load(str(bad))
+
+
+def test_per_op_placement_runs_on_the_local_sync_driver_too(convnet):
+    """The ``iree-sync`` candidate: the same artifact, IREE dispatches on the calling thread."""
+    m, x = convnet
+    cm = aot.compile(m, (x,), fallback_ops=["aten.relu"])  # compiled code and kernel calls
+    a = cm.artifact
+    sync = CompiledModule(type(a)(a.vmfb, {**a.manifest, "driver": "local-sync"}, a.constants))
+    assert sync.driver == "local-sync" and sync._direct is None
+    with torch.no_grad():
+        torch.testing.assert_close(sync(x), cm(x), rtol=1e-6, atol=1e-6)
+        torch.testing.assert_close(sync(x), m(x), rtol=1e-4, atol=1e-4)
+    assert sync.kernel_call_count >= 1
