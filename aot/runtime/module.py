@@ -47,6 +47,8 @@ class CompiledModule:
         self.inputs = [TorchTensor.from_json(i) if "dtype" in i else ("static", i["static"])
                        for i in m["inputs"]]
         self.input_names = m.get("input_names") or [f"input {i}" for i in range(len(self.inputs))]
+        self._tensor_names = [n for n, i in zip(self.input_names, self.inputs)
+                              if isinstance(i, TorchTensor)]
         self.outputs = [TorchTensor.from_json(o) for o in m["outputs"]]
         self._out_storage = [dtype_from_name(o.storage_dtype) for o in self.outputs]
         self.in_spec = pytree.treespec_loads(m["in_spec"])
@@ -113,10 +115,23 @@ class CompiledModule:
                 raise InputMismatch(self._structure_error(args, kwargs)) from None
         if self.host is None:  # compiled where the target device is absent: open it now
             self._open()
-        if self._direct is not None:
-            return self._call_direct(flat)
-        arg_list = rt.VmVariantList(len(flat))
-        keep = []
+        dense = self._dense_inputs(flat)
+        if self._direct is not None:  # a program that is one kernel call: no VM
+            outs = [self._finish(t, i, o) for i, (t, o) in
+                    enumerate(zip(self._direct.run_tensors(dense), self.outputs))]
+        else:
+            arg_list = rt.VmVariantList(len(dense))
+            for t, name in zip(dense, self._tensor_names):
+                arg_list.push_ref(torch_to_buffer_view(self.device, t, name).ref)
+            results = rt.VmVariantList(len(self.outputs))
+            sync_torch(self.driver)  # inputs torch is still writing on its stream
+            self._invoke(arg_list, results)
+            outs = [self._output(results, i, o) for i, o in enumerate(self.outputs)]
+        return outs[0] if self._one_out else pytree.tree_unflatten(outs, self.out_spec)
+
+    def _dense_inputs(self, flat) -> list[torch.Tensor]:
+        """Check every input; the tensors as compiled code holds them (dense, storage form)."""
+        dense = []
         for leaf, want, name in zip(flat, self.inputs, self.input_names):
             if isinstance(want, TorchTensor):
                 want.check(leaf, name)
@@ -127,31 +142,10 @@ class CompiledModule:
                                         f"one on {leaf.device}")
                 # quantized: its integer representation (qparams checked above);
                 # .contiguous() copies only for a non-row-major spec (recorded).
-                dense = want.to_storage(leaf, name).contiguous()
-                keep.append(dense)
-                arg_list.push_ref(torch_to_buffer_view(self.device, dense, name).ref)
-            else:
-                self._check_static(leaf, want, name)
-        results = rt.VmVariantList(len(self.outputs))
-        sync_torch(self.driver)  # inputs torch is still writing on its stream
-        self._invoke(arg_list, results)
-        outs = [self._output(results, i, o) for i, o in enumerate(self.outputs)]
-        return outs[0] if self._one_out else pytree.tree_unflatten(outs, self.out_spec)
-
-    def _call_direct(self, flat):
-        dense = []
-        for leaf, want, name in zip(flat, self.inputs, self.input_names):
-            if isinstance(want, TorchTensor):
-                want.check(leaf, name)
-                if leaf.device.type != "cpu":
-                    raise InputMismatch(f"{name}: expected a tensor on cpu (module compiled for "
-                                        f"{self.manifest['target']}), got one on {leaf.device}")
                 dense.append(want.to_storage(leaf, name).contiguous())
             else:
                 self._check_static(leaf, want, name)
-        results = self._direct.run_tensors(dense)
-        outs = [self._finish(t, i, o) for i, (t, o) in enumerate(zip(results, self.outputs))]
-        return outs[0] if self._one_out else pytree.tree_unflatten(outs, self.out_spec)
+        return dense
 
     @staticmethod
     def _check_static(leaf, want, name) -> None:
