@@ -37,6 +37,9 @@ def format_report(manifest: dict) -> str:
         f"ops: {total} total, {s['ops_compiled']} compiled by IREE, "
         f"{s['ops_fallback']} kernel calls into ATen",
     ]
+    if manifest.get("folded_ops"):
+        lines.append(f"{manifest['folded_ops']} op(s) read only constants: computed once at "
+                     "compile time and stored as constants (not counted above)")
     region = manifest.get("region")
     if region:
         times = ", ".join(f"{k} {v:.3f}" for k, v in region["candidates_ms"].items())

@@ -22,6 +22,7 @@ from ..errors import ArtifactError, InputMismatch, KernelCallFailed
 from ..runtime.device import as_storage, buffer_view_to_torch, sync_torch, torch_to_buffer_view
 from ..torch_tensor import dtype_from_name
 from .bound import BoundCall
+from .codegen import GroupFunction, Member
 from .cuda_graph import GraphedRegion
 from .layout import CONV_OPS, ChannelsLast, has_conv, layout_safe
 from .prepack import DEFERRED, plan_fusions
@@ -164,7 +165,7 @@ class _KernelCall:
         ops = [m.op for m in self.spec.members]
         self.nhwc = (ChannelsLast() if options.memory_format == "channels_last"
                      and layout_safe(ops) and has_conv(ops) else None)
-        self.members, self.steps = [], None
+        self.members, self.program = [], None
         for m in self.spec.members:
             op = _resolve(m)
             if self.nhwc is not None:
@@ -250,54 +251,43 @@ class _KernelCall:
             raise KernelCallFailed(f"ATen raised {type(e).__name__}: {e}\n  in {spec!r}",
                                    op=spec.qualified_name, location=spec.location) from e
 
-    def _steps(self) -> list:
-        """Per member ``(kind, payload)``: what ``_run_members`` does, decided once.
-
-        ``0``: a prepacked kernel (or ``DEFERRED``, a member it absorbed);
-        ``1``: a plain call, ``(bind, C++ op)``; ``2``: the general path
-        (quantized slots adapted, or an NHWC convolution).
-        """
-        steps = []
+    def _group_function(self) -> GroupFunction:
+        """The members as one generated function (``aot.fallback.codegen``), made once."""
+        members = []
         for i, (bound, is_conv, weight_constant, _, slot_specs) in enumerate(self.members):
-            if i in self.fused:
-                steps.append((0, self.fused[i]))
-            elif self.adapt or (is_conv and self.nhwc is not None):
-                steps.append((2, (bound, is_conv, weight_constant, slot_specs)))
+            if i in self.fused:  # a prepacked kernel, or a member it absorbed
+                f = self.fused[i]
+                members.append(Member(bound, absorbed=True) if f is DEFERRED
+                               else Member(bound, step=f))
+            elif is_conv and self.nhwc is not None:
+                members.append(Member(bound, step=self._nhwc_conv(bound, weight_constant,
+                                                                  slot_specs)))
             else:  # OpOverload: straight to its C++ callable (no Python frame per op)
-                steps.append((1, (bound.bind, getattr(bound.op, "_op", bound.op))))
-        return steps
+                members.append(Member(bound, call=getattr(bound.op, "_op", bound.op),
+                                      adapt=_adapt if self.adapt else None,
+                                      slot_specs=slot_specs))
+        return GroupFunction(f"group_{self.spec.key}", members, self.spec.output_slots)
+
+    def _nhwc_conv(self, bound: BoundCall, weight_constant: bool, slot_specs: dict):
+        def step(env):
+            args, kwargs = bound.bind(_Slots(env, slot_specs) if self.adapt else env)
+            return bound.op(*self.nhwc.conv_args(args, weight_constant), **kwargs)
+        return step
 
     def _run_members(self, tensors: list) -> list:
         """Run the members in order; intermediates stay ATen tensors (quantized stay quantized)."""
-        env = list(tensors)
-        if self.steps is None:
-            self.steps = self._steps()
-        i = 0
+        if self.program is None:
+            self.program = self._group_function()
         try:
-            for i, (kind, p) in enumerate(self.steps):
-                if kind == 1:
-                    args, kwargs = p[0](env)
-                    out = p[1](*args, **kwargs)
-                elif kind == 0:
-                    out = None if p is DEFERRED else p(env)
-                else:
-                    bound, is_conv, weight_constant, slot_specs = p
-                    args, kwargs = bound.bind(_Slots(env, slot_specs) if self.adapt else env)
-                    if is_conv and self.nhwc is not None:
-                        args = self.nhwc.conv_args(args, weight_constant)
-                    out = bound.op(*args, **kwargs)
-                if isinstance(out, (tuple, list)):
-                    env.extend(out)
-                else:
-                    env.append(out)
+            return self.program(list(tensors))
         except KernelCallFailed:
             raise
         except Exception as e:
-            kind, p = self.steps[i]
-            spec = p.spec if kind == 0 else self.members[i][0].spec
+            i = self.program.failing_member(e.__traceback__)
+            spec = (self.spec if i is None else
+                    self.fused[i].spec if i in self.fused else self.members[i][0].spec)
             raise KernelCallFailed(f"ATen raised {type(e).__name__}: {e}\n  in {spec!r}",
                                    op=spec.qualified_name, location=spec.location) from e
-        return [env[i] for i in self.spec.output_slots]
 
     def _dense_result(self, i: int, r, want, in_ptrs) -> torch.Tensor:
         if isinstance(r, torch.Tensor) and want.qparams is not None and r.is_quantized:

@@ -27,6 +27,7 @@ from .iree_compile import compile_error, first_error, try_compile
 from .partition import PartitionedProgram, partition
 from .placement import PlacementPolicy
 from .fold_bn import fold_batch_norm
+from .fold_constants import fold_constants
 from .recover import blame, grow
 from .regions import choose_region, worth_measuring
 from .targets import Target
@@ -75,8 +76,10 @@ def compile_model(imported: ImportedProgram, target: Target,
             errors point at no compiled op, or the policy forbids fallback.
     """
     t0 = time.perf_counter()
+    folded = 0
     if policy.fallback != "all":  # the round-trip mode stays bit-exact: no rewrites
-        imported = dataclasses.replace(imported, exported=fold_batch_norm(imported.exported))
+        ep, folded = fold_constants(fold_batch_norm(imported.exported))
+        imported = dataclasses.replace(imported, exported=ep)
     demoted: dict[str, str] = {}
     for _ in range(_MAX_RECOVERY_ROUNDS + 1):
         p = partition(imported, target, policy, demoted=demoted)
@@ -86,6 +89,7 @@ def compile_model(imported: ImportedProgram, target: Target,
             if example is not None and worth_measuring(imported, target, policy):
                 art = choose_region(art, imported, target, policy, example)
                 art.manifest["compile_seconds"] = round(time.perf_counter() - t0, 3)
+            art.manifest["folded_ops"] = folded
             return art
         fresh = {k: v for k, v in blame(diag, p.mlir, p.placements).items() if k not in demoted}
         if not fresh and demoted:
