@@ -23,6 +23,7 @@ from ..runtime.device import as_storage, buffer_view_to_torch, sync_torch, torch
 from ..torch_tensor import dtype_from_name
 from .bound import BoundCall
 from .codegen import GroupFunction, Member
+from .entry_points import entry_point
 from .cuda_graph import GraphedRegion
 from .layout import CONV_OPS, ChannelsLast, has_conv, layout_safe
 from .prepack import DEFERRED, plan_fusions
@@ -262,8 +263,8 @@ class _KernelCall:
             elif is_conv and self.nhwc is not None:
                 members.append(Member(bound, step=self._nhwc_conv(bound, weight_constant,
                                                                   slot_specs)))
-            else:  # OpOverload: straight to its C++ callable (no Python frame per op)
-                members.append(Member(bound, call=getattr(bound.op, "_op", bound.op),
+            else:  # an OpOverload through its cheapest entry point (no Python frame per op)
+                members.append(Member(bound, call=entry_point(bound.op),
                                       adapt=_adapt if self.adapt else None,
                                       slot_specs=slot_specs))
         return GroupFunction(f"group_{self.spec.key}", members, self.spec.output_slots)

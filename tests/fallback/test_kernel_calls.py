@@ -190,3 +190,16 @@ def test_neighbouring_kernel_calls_cross_once():
     for o, r in zip(cm_all(x), m(x)):
         torch.testing.assert_close(o, r, rtol=0, atol=0)
     assert cm_all.kernel_call_count - before == 1
+
+
+def test_error_inside_a_group_names_the_member_that_failed():
+    cm = aot.compile(UsesCustom(), (torch.rand(5),), fallback="all")
+    group = next(k for k in cm.manifest["kernel_calls"] if k["members"])
+    assert [m["op"] for m in group["members"]][1] == "aot_test::fail_if_negative"
+    with pytest.raises(aot.KernelCallFailed,
+                       match=r"aot_test.fail_if_negative.default.*negative input") as e:
+        cm(torch.full((5,), -5.0))
+    assert isinstance(e.value.__cause__, ValueError)
+    assert "test_kernel_calls.py" in str(e.value)  # the member's source line
+    good = torch.rand(5)
+    torch.testing.assert_close(cm(good), UsesCustom()(good), rtol=0, atol=0)
