@@ -52,6 +52,10 @@ def format_report(manifest: dict) -> str:
         lines.append("ATen regions run on prepacked CPU kernels: convolutions (oneDNN, ReLU and "
                      "residual adds fused) and linears (MKL) on weights packed once, written-out "
                      "attention as one fused kernel")
+    if ex.get("quantized_engine"):
+        lines.append(f"quantized convolutions and linears run on weights packed for the "
+                     f"{ex['quantized_engine']} engine (values may differ from eager's engine "
+                     "by one quantization step)")
     if manifest.get("whole_program_call"):
         lines.append("the program is one kernel call: on the CPU the runtime calls it directly, "
                      "without entering the IREE VM")

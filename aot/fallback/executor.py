@@ -27,7 +27,7 @@ from .entry_points import entry_point
 from .cuda_graph import GraphedRegion
 from .layout import CONV_OPS, ChannelsLast, has_conv, layout_safe
 from .prepack import DEFERRED, plan_fusions
-from .quantized_ops import IMPLS, PREPACKED
+from .quantized_ops import IMPLS, PREPACKED, packing_engine_available
 from .quantized_ops import NAMESPACE as QUANTIZED_NAMESPACE
 from .spec import (HOST_MODULE, KernelCallSpec, StaticArg, TensorArg, lacks_cuda_kernel,
                    resolve_op)
@@ -61,16 +61,19 @@ class ExecOptions:
     (``aot.fallback.cuda_graph``). ``prepack``: on the CPU, convolutions (in
     NHWC groups) and linears run on weights packed once, with ReLU and residual
     adds fused into the convolutions, and written-out attention runs as one
-    fused kernel (``aot.fallback.prepack``).
+    fused kernel (``aot.fallback.prepack``). ``quantized_engine``: the engine
+    quantized weights are packed with (``aot.fallback.quantized_ops``; None:
+    the current one, as eager).
     """
 
     memory_format: str = "contiguous"
     cuda_graphs: bool = True
     prepack: bool = False
+    quantized_engine: str | None = None
 
     def to_json(self) -> dict:
         return {"memory_format": self.memory_format, "cuda_graphs": self.cuda_graphs,
-                "prepack": self.prepack}
+                "prepack": self.prepack, "quantized_engine": self.quantized_engine}
 
     @staticmethod
     def from_json(d: dict | None) -> "ExecOptions":
@@ -79,14 +82,20 @@ class ExecOptions:
         if fmt not in ("contiguous", "channels_last"):
             raise ArtifactError(f"executor memory_format {fmt!r} is not contiguous or "
                                 "channels_last", stage="load")
-        return ExecOptions(fmt, bool(d.get("cuda_graphs", True)), bool(d.get("prepack", False)))
+        engine = d.get("quantized_engine")
+        if engine is not None and not packing_engine_available(engine):
+            raise ArtifactError(f"the artifact packs quantized weights with the {engine!r} "
+                                "engine, which this torch build lacks (engines: "
+                                f"{torch.backends.quantized.supported_engines})", stage="load")
+        return ExecOptions(fmt, bool(d.get("cuda_graphs", True)), bool(d.get("prepack", False)),
+                           engine)
 
 
 def _storage_ptr(t: torch.Tensor) -> int:
     return t.untyped_storage().data_ptr() if t.numel() else -1
 
 
-def _resolve(spec: KernelCallSpec):
+def _resolve(spec: KernelCallSpec, options: "ExecOptions | None" = None):
     """The callable running one op: its OpOverload, or a prepacking call site."""
     try:
         op = resolve_op(spec.op, spec.overload)
@@ -98,7 +107,8 @@ def _resolve(spec: KernelCallSpec):
         const = {o.name for o in spec.operands
                  if (isinstance(o, TensorArg) and o.constant) or isinstance(o, StaticArg)}
         if all(n in const for n in needs):
-            return site()  # weights packed on the first call, not on every call
+            # weights packed on the first call, not on every call
+            return site(options.quantized_engine if options is not None else None)
     if spec.op.startswith(QUANTIZED_NAMESPACE + "::") and spec.overload == "default":
         return IMPLS[spec.op.split("::", 1)[1]]  # the same Python kernel, without the dispatcher
     return op
@@ -152,7 +162,8 @@ class _KernelCall:
             self.operand_plan = [(d, None if c is None else c.cpu()) for d, c in self.operand_plan]
             warnings.warn(f"kernel call {spec.key} ({spec.qualified_name}) has no CUDA kernel in "
                           "ATen: it runs on the CPU with copies across devices", stacklevel=2)
-        self.bound = None if spec.is_group else BoundCall(spec, _resolve(spec), self.torch_device)
+        self.bound = (None if spec.is_group
+                      else BoundCall(spec, _resolve(spec, options), self.torch_device))
         self.quantized_inputs = any(s.qparams is not None for s in spec.inputs)
         self.crossing_dtypes = [d for d, const in self.operand_plan if const is None]
         # storages a result must not share: host-held constants' fixed ones, plus
@@ -168,7 +179,7 @@ class _KernelCall:
                      and layout_safe(ops) and has_conv(ops) else None)
         self.members, self.program = [], None
         for m in self.spec.members:
-            op = _resolve(m)
+            op = _resolve(m, options)
             if self.nhwc is not None:
                 op = self.nhwc.op_for(m.op, op)
             weight = next((o for o in m.operands if isinstance(o, TensorArg) and o.name == "weight"), None)

@@ -15,7 +15,11 @@ quantization parameters are static operands. Each op has:
 where their parameters are, so the partitioner can give kernel-call operands
 full ``quint8`` TorchTensor specs (the executor then hands ATen real quantized
 tensors and takes the results apart again). ``PREPACKED`` builds per-call-site
-kernels that pack constant weights once instead of on every call.
+kernels that pack constant weights once instead of on every call, with the
+current quantized engine (eager's) or with a named one: packed for oneDNN, the
+same ``quantized::conv2d`` runs oneDNN's kernel whatever the global engine
+(faster on the test machine; results may differ from eager's by one
+quantization step, so it is a measured region candidate, not the default).
 
 Activations are ``quint8`` (the x86/fbgemm/qnnpack default), weights ``qint8``
 per-tensor or per-channel (``axis = -1`` means per-tensor).
@@ -27,7 +31,8 @@ from dataclasses import dataclass
 
 import torch
 
-__all__ = ["NAMESPACE", "QUANT_OPERANDS", "PREPACKED", "IMPLS", "QuantOperands"]
+__all__ = ["NAMESPACE", "QUANT_OPERANDS", "PREPACKED", "IMPLS", "QuantOperands",
+           "packing_engine_available"]
 
 NAMESPACE = "aot_q"
 _lib = torch.library.Library(NAMESPACE, "DEF")
@@ -207,18 +212,37 @@ for _name, _fn in _FAKES.items():
 
 # --- per-call-site kernels with weights packed once -------------------------------------
 
+def packing_engine_available(engine: str) -> bool:
+    """``engine`` (e.g. ``"onednn"``) can pack quantized weights in this torch build."""
+    return engine in torch.backends.quantized.supported_engines
+
+
 class _PrepackedSite:
-    """Packs the (constant) weight on the first call, reuses the packing afterwards."""
+    """Packs the (constant) weight on the first call, reuses the packing afterwards.
+
+    ``engine``: the quantized engine to pack with (None: the current one, as eager).
+    """
 
     _pack = _run = None  # set by subclasses: (weight operands) -> packed; (packed, rest) -> out
 
-    def __init__(self):
-        self.packed = None
+    def __init__(self, engine: str | None = None):
+        self.packed, self.engine = None, engine
 
     def __call__(self, x, w, w_scales, w_zps, axis, bias, *rest):
         if self.packed is None:
-            self.packed = self._pack(w, w_scales, w_zps, axis, bias, *self._pack_extra(rest))
+            self.packed = self._pack_with_engine(w, w_scales, w_zps, axis, bias,
+                                                 *self._pack_extra(rest))
         return self._run(self.packed, x, *self._run_args(rest))
+
+    def _pack_with_engine(self, *args):
+        if self.engine is None:
+            return self._pack(*args)
+        before = torch.backends.quantized.engine
+        torch.backends.quantized.engine = self.engine
+        try:  # the packed weight keeps its engine's kernel, whatever the engine later
+            return self._pack(*args)
+        finally:
+            torch.backends.quantized.engine = before
 
 
 class _ConvSite(_PrepackedSite):

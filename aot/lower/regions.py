@@ -20,7 +20,11 @@ fastest on this machine, end to end, calls interleaved, median of several:
   convolutions (``aot.fallback.prepack``), convolutions NHWC where every
   grouped op is layout-safe (``aot.fallback.layout``);
 - ``aten-channels-last`` (elsewhere, e.g. CUDA): the ``aten`` region with
-  convolutions run NHWC, for programs whose grouped ops are all layout-safe.
+  convolutions run NHWC, for programs whose grouped ops are all layout-safe;
+- ``aten-int8-onednn`` (CPU, quantized convolutions or linears, when the
+  current quantized engine is not oneDNN already): the ``aten`` region with
+  quantized weights packed for oneDNN (``aot.fallback.quantized_ops``). Its
+  requantization may round a value one step away from eager's engine.
 
 The manifest's ``"region"`` entry and the report give every candidate's time.
 Nothing is measured (the per-op placement stands) when the target device is
@@ -41,6 +45,7 @@ import torch.utils._pytree as pytree
 from ..artifact import CompiledArtifact
 from ..fallback import prepack
 from ..fallback.quantized_ops import NAMESPACE as QUANTIZED_NAMESPACE
+from ..fallback.quantized_ops import packing_engine_available
 from ..fallback.executor import ExecOptions
 from ..fallback.layout import has_conv, layout_safe
 from ..importer.program import ImportedProgram
@@ -52,6 +57,7 @@ from .targets import Target
 __all__ = ["worth_measuring", "choose_region", "RUNS", "BUDGET_S"]
 log = logging.getLogger(__name__)
 
+_QUANTIZED_MM = {f"{QUANTIZED_NAMESPACE}::conv2d", f"{QUANTIZED_NAMESPACE}::linear"}
 RUNS = 9          # timed calls per candidate (fewer when BUDGET_S runs out, never under 3)
 BUDGET_S = 6.0    # time for the timed calls of all candidates together
 _WARMUP = 3       # the second call of a CUDA region captures its graph
@@ -107,6 +113,10 @@ def choose_region(per_op: CompiledArtifact, imported: ImportedProgram, target: T
                 aten, ExecOptions("channels_last" if nhwc else "contiguous", prepack=True))
         elif nhwc:
             cands["aten-channels-last"] = _with_executor(aten, ExecOptions("channels_last"))
+        if target.driver.startswith("local") and _QUANTIZED_MM & set(ops) \
+                and torch.backends.quantized.engine != "onednn" \
+                and packing_engine_available("onednn"):
+            cands["aten-int8-onednn"] = _with_executor(aten, ExecOptions(quantized_engine="onednn"))
     except Exception as e:  # an ATen region is an optimisation: without it, per-op stands
         log.info("no ATen-region candidate: %s", e)
     times = _time_candidates(cands, example, target)

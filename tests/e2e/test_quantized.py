@@ -263,3 +263,29 @@ def test_default_placement_keeps_quantized_convs_where_they_measure_faster(qresn
             assert p["where"] == "kernel_call" and p["reason"].startswith("one ATen region")
     ref, out = model(x), cm(x)
     assert ((out - ref).abs() <= float(model.fc.scale) + 1e-6).float().mean() >= 0.999
+
+
+def test_int8_weights_packed_for_onednn_stay_within_one_step(tmp_path, qresnet_x86):
+    from aot.artifact import CompiledArtifact
+    from aot.runtime.module import CompiledModule
+
+    if "onednn" not in torch.backends.quantized.supported_engines:
+        pytest.skip("this torch build has no oneDNN quantized engine")
+    model, (x,) = qresnet_x86
+    a = aot.compile(model, (x,), fallback="all").artifact  # one ATen region, eager's engine
+    art = CompiledArtifact(a.vmfb, {**a.manifest, "executor": {
+        **a.manifest["executor"], "quantized_engine": "onednn"}}, a.constants)
+    cm = CompiledModule(art)
+    assert "packed for the onednn engine" in cm.report()
+    step = float(model.fc.scale)
+    for xi in [x] + _inputs(2):
+        d = (cm(xi) - model(xi)).abs() / step
+        assert float(d.max()) <= 1 + 1e-3, f"{float(d.max())} steps from eager"
+    assert torch.backends.quantized.engine == "x86"  # packing left the global engine alone
+    path = tmp_path / "onednn.aot"
+    cm.save(str(path))
+    torch.testing.assert_close(aot.load(str(path))(x), cm(x), rtol=0, atol=0)
+    bad = CompiledArtifact(a.vmfb, {**a.manifest, "executor": {
+        **a.manifest["executor"], "quantized_engine": "no-such-engine"}}, a.constants)
+    with pytest.raises(aot.ArtifactError, match="no-such-engine"):
+        CompiledModule(bad)
