@@ -45,6 +45,9 @@ def format_report(manifest: dict) -> str:
         times = ", ".join(f"{k} {v:.3f}" for k, v in region["candidates_ms"].items())
         lines.append(f"region placement, measured end to end on this machine (median ms): "
                      f"{times} -> {region['chosen']}")
+    if manifest.get("driver") == "local-sync":
+        lines.append("compiled code runs on IREE's local-sync driver: on the calling thread, "
+                     "so no hand-off to worker threads around each kernel call")
     ex = manifest.get("executor") or {}
     if ex.get("memory_format") == "channels_last":
         lines.append("ATen regions run convolutions channels-last (NHWC)")

@@ -1,9 +1,16 @@
-"""Kernel-call boundary cost: median added latency of one ATen kernel call.
+"""Kernel-call boundary cost: median added latency of one ATen kernel call, per CPU driver.
 
 Compiles the same tiny model twice — all compiled, and with N ops forced to
-ATen, each between compiled ops so every one is its own crossing — and reports (median_fallback - median_compiled) / N over many calls.
+ATen, each between compiled ops so every one is its own crossing — and runs
+both artifacts on IREE's two CPU drivers: ``local-task`` (compiled code on a
+pool of worker threads) and ``local-sync`` (compiled code on the calling
+thread). The four modules are timed interleaved, in blocks of calls, so the
+machine's drifts hit them alike; the cost per crossing is
+``(median(fallback) - median(compiled)) / N``. It includes what splitting the
+compiled code costs (each crossing separates two IREE dispatches that would
+otherwise fuse).
 
-    python benchmarks/boundary_cost.py [--calls 8] [--runs 2000]
+    python benchmarks/boundary_cost.py [--calls 8] [--rounds 40] [--block 50]
 """
 
 from __future__ import annotations
@@ -16,6 +23,8 @@ import time
 import torch
 
 import aot
+from aot.artifact import CompiledArtifact
+from aot.runtime.module import CompiledModule
 
 
 class Chain(torch.nn.Module):
@@ -29,33 +38,51 @@ class Chain(torch.nn.Module):
         return x
 
 
-def _median_us(fn, x, runs):
-    for _ in range(20):
-        fn(x)
-    ts = []
-    for _ in range(runs):
-        t0 = time.perf_counter()
-        fn(x)
-        ts.append(time.perf_counter() - t0)
-    return statistics.median(ts) * 1e6
+def on_driver(cm, driver: str) -> CompiledModule:
+    """The same artifact, opened on another CPU driver."""
+    a = cm.artifact
+    return CompiledModule(CompiledArtifact(a.vmfb, {**a.manifest, "driver": driver}, a.constants))
+
+
+def interleaved_us(mods: dict, x, rounds: int, block: int) -> dict:
+    """Median microseconds per call of each module, blocks of calls interleaved."""
+    for m in mods.values():
+        for _ in range(20):
+            m(x)
+    samples = {k: [] for k in mods}
+    names = list(mods)
+    for r in range(rounds):
+        for k in names[r % len(names):] + names[:r % len(names)]:
+            m = mods[k]
+            t0 = time.perf_counter()
+            for _ in range(block):
+                m(x)
+            samples[k].append((time.perf_counter() - t0) / block * 1e6)
+    return {k: statistics.median(v) for k, v in samples.items()}
 
 
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("--calls", type=int, default=8)
-    p.add_argument("--runs", type=int, default=2000)
+    p.add_argument("--rounds", type=int, default=40)
+    p.add_argument("--block", type=int, default=50)
     a = p.parse_args()
     x = torch.randn(64)
     m = Chain(a.calls)
     compiled = aot.compile(m, (x,))
     fallback = aot.compile(m, (x,), fallback_ops=["aten.neg"])
     assert len(fallback.kernel_calls) == a.calls
-    base = _median_us(compiled, x, a.runs)
-    fb = _median_us(fallback, x, a.runs)
-    print(f"machine: {platform.processor() or platform.machine()}, {torch.get_num_threads()} threads")
-    print(f"all compiled: median {base:.1f} us/call of the module")
-    print(f"{a.calls} kernel calls: median {fb:.1f} us/call of the module")
-    print(f"boundary cost: {(fb - base) / a.calls:.1f} us per kernel call (median of {a.runs})")
+    mods = {}
+    for driver in ("local-task", "local-sync"):
+        mods[("compiled", driver)] = on_driver(compiled, driver)
+        mods[("fallback", driver)] = on_driver(fallback, driver)
+    us = interleaved_us(mods, x, a.rounds, a.block)
+    print(f"machine: {platform.processor() or platform.machine()}, "
+          f"{torch.get_num_threads()} torch threads; {a.rounds} rounds of {a.block} calls")
+    for driver in ("local-task", "local-sync"):
+        base, fb = us[("compiled", driver)], us[("fallback", driver)]
+        print(f"{driver}: all compiled {base:.1f} us/call, {a.calls} kernel calls {fb:.1f} us/call"
+              f" -> boundary cost {(fb - base) / a.calls:.1f} us per kernel call")
 
 
 if __name__ == "__main__":

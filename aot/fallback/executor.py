@@ -19,7 +19,7 @@ import torch
 import iree.runtime as rt
 
 from ..errors import ArtifactError, InputMismatch, KernelCallFailed
-from ..runtime.device import as_storage, buffer_view_to_torch, sync_torch, torch_to_buffer_view
+from ..runtime.device import DLPACK_DEVICE, as_storage, sync_torch
 from ..torch_tensor import dtype_from_name
 from .bound import BoundCall
 from .codegen import GroupFunction, Member
@@ -89,6 +89,10 @@ class ExecOptions:
                                 f"{torch.backends.quantized.supported_engines})", stage="load")
         return ExecOptions(fmt, bool(d.get("cuda_graphs", True)), bool(d.get("prepack", False)),
                            engine)
+
+
+_from_dlpack = torch._C._from_dlpack  # torch.from_dlpack without its Python dispatch
+_BufferView = rt.HalBufferView
 
 
 def _storage_ptr(t: torch.Tensor) -> int:
@@ -164,8 +168,18 @@ class _KernelCall:
                           "ATen: it runs on the CPU with copies across devices", stacklevel=2)
         self.bound = (None if spec.is_group
                       else BoundCall(spec, _resolve(spec, options), self.torch_device))
+        self.call = None if spec.is_group else entry_point(self.bound.op)
         self.quantized_inputs = any(s.qparams is not None for s in spec.inputs)
         self.crossing_dtypes = [d for d, const in self.operand_plan if const is None]
+        self.n_crossing = len(self.crossing_dtypes)
+        self.dlpack_device, self.on_cuda = DLPACK_DEVICE[driver], driver == "cuda"
+        # every operand crosses as it is: the crossing list is the operand list
+        self.plain_operands = (len(self.crossing_dtypes) == len(self.operand_plan)
+                               and not self.quantized_inputs and not self.on_cpu)
+        self.kinds = spec.out_kinds
+        # per tensor result: (spec, shape, dtype ATen returns, storage dtype)
+        self.result_checks = [(r, torch.Size(r.shape), r.torch_dtype,
+                               dtype_from_name(r.storage_dtype)) for r in spec.results]
         # storages a result must not share: host-held constants' fixed ones, plus
         # the crossing operands' (taken per call)
         self.const_ptrs = {_storage_ptr(c) for _, c in self.operand_plan if c is not None}
@@ -199,21 +213,19 @@ class _KernelCall:
             held = [const is not None for _, const in self.operand_plan]  # same address every call
             self.region = GraphedRegion(self._run_members, held, self.spec.key)
 
-    def __call__(self, *refs):
+    def host_entry(self, _state, *refs):
+        """What IREE calls: buffer-view refs in (tensors, then scalars), refs or scalars out."""
         try:
-            return self._run(refs)
+            dl, capsule = self.dlpack_device, self.device.create_dlpack_capsule
+            crossing = [as_storage(_from_dlpack(capsule(r.deref(_BufferView), dl, 0)), dtype)
+                        for r, dtype in zip(refs[:self.n_crossing], self.crossing_dtypes)]
+            vals = [self._tensor_result(r) if isinstance(r, torch.Tensor) else r
+                    for r in self.run_tensors(crossing, refs[self.n_crossing:])]
+            if self.on_cuda:
+                sync_torch(self.driver)  # results complete before IREE's stream reads them
         except BaseException as e:  # never let a Python error unwind through IREE
             self.host.pending_error = e
             raise
-
-    def _run(self, refs):
-        n = len(self.spec.crossing)
-        crossing = [as_storage(buffer_view_to_torch(self.device, r.deref(rt.HalBufferView),
-                                                    self.driver), dtype)
-                    for r, dtype in zip(refs[:n], self.crossing_dtypes)]
-        vals = [self._tensor_result(i, r) if isinstance(r, torch.Tensor) else r
-                for i, r in enumerate(self.run_tensors(crossing, refs[n:]))]
-        sync_torch(self.driver)  # results complete before IREE's stream reads them
         return vals[0] if len(vals) == 1 else tuple(vals)
 
     def run_tensors(self, crossing: list, scalars=()) -> list:
@@ -225,33 +237,36 @@ class _KernelCall:
         this directly for a program that is one kernel call.
         """
         self.host.calls += 1
-        raw, it = [], iter(crossing)
-        in_ptrs = set(self.const_ptrs)
-        for _, const in self.operand_plan:
-            if const is not None:
-                raw.append(const)
-                continue
-            t = next(it)
-            in_ptrs.add(_storage_ptr(t))
-            raw.append(t.cpu() if self.on_cpu else t)
-        # quantized operands: real quantized tensors over the same memory
-        tensors = ([s.from_storage(t) for s, t in zip(self.spec.inputs, raw)]
-                   if self.quantized_inputs else raw)
+        if self.plain_operands:
+            tensors = crossing
+        else:
+            raw, it = [], iter(crossing)
+            for _, const in self.operand_plan:
+                if const is not None:
+                    raw.append(const)
+                    continue
+                t = next(it)
+                raw.append(t.cpu() if self.on_cpu else t)
+            # quantized operands: real quantized tensors over the same memory
+            tensors = ([s.from_storage(t) for s, t in zip(self.spec.inputs, raw)]
+                       if self.quantized_inputs else raw)
         if self.spec.is_group:
             outs = self.region(tensors) if self.region is not None else self._run_members(tensors)
         else:
             args, kwargs = self.bound.bind(tensors, scalars)
-            out = self._call(self.spec, self.bound.op, args, kwargs)
-            outs = list(out) if isinstance(out, (tuple, list)) else [out]
-        kinds = self.spec.out_kinds
+            out = self._call(self.spec, self.call, args, kwargs)
+            outs = out if isinstance(out, (tuple, list)) else (out,)
+        kinds = self.kinds
         if len(outs) != len(kinds):
             raise KernelCallFailed(f"ATen returned {len(outs)} value(s), compiled for {len(kinds)}",
                                    op=self.spec.qualified_name, location=self.spec.location)
-        tensor_specs = iter(self.spec.results)
+        if kinds == "t":  # one tensor result: the common case
+            return [self._dense_result(0, outs[0], self.result_checks[0], crossing)]
+        checks = iter(self.result_checks)
         vals = []
         for i, (r, kind) in enumerate(zip(outs, kinds)):
             if kind == "t":
-                vals.append(self._dense_result(i, r, next(tensor_specs), in_ptrs))
+                vals.append(self._dense_result(i, r, next(checks), crossing))
             else:
                 vals.append(float(r) if kind == "f" else int(r))
         return vals
@@ -301,7 +316,8 @@ class _KernelCall:
             raise KernelCallFailed(f"ATen raised {type(e).__name__}: {e}\n  in {spec!r}",
                                    op=spec.qualified_name, location=spec.location) from e
 
-    def _dense_result(self, i: int, r, want, in_ptrs) -> torch.Tensor:
+    def _dense_result(self, i: int, r, check, crossing) -> torch.Tensor:
+        want, shape, dtype, storage = check
         if isinstance(r, torch.Tensor) and want.qparams is not None and r.is_quantized:
             # a quantized result is taken apart; its qparams must be the compiled ones
             try:
@@ -309,18 +325,29 @@ class _KernelCall:
             except InputMismatch as e:
                 raise KernelCallFailed(e.message, op=self.spec.qualified_name,
                                        location=self.spec.location) from None
-        if not isinstance(r, torch.Tensor) or tuple(r.shape) != want.shape \
-                or r.dtype not in (want.torch_dtype, dtype_from_name(want.storage_dtype)):
+        if not isinstance(r, torch.Tensor) or r.shape != shape \
+                or (r.dtype != dtype and r.dtype != storage):
             got = f"{r.dtype}{list(r.shape)}" if isinstance(r, torch.Tensor) else type(r).__name__
             raise KernelCallFailed(
                 f"result {i} is {got}, compiled for {want.dtype}{list(want.shape)}",
                 op=self.spec.qualified_name, location=self.spec.location)
-        if not r.is_contiguous() or _storage_ptr(r) in in_ptrs:
-            r = r.contiguous() if not r.is_contiguous() else r.clone()
+        if not r.is_contiguous():
+            r = r.contiguous()
+        else:  # never hand back an operand's memory (IREE may reuse it after the call)
+            ptr = _storage_ptr(r)
+            if ptr in self.const_ptrs or any(ptr == _storage_ptr(t) for t in crossing):
+                r = r.clone()
         return r.to(self.torch_device) if self.on_cpu else r
 
-    def _tensor_result(self, i: int, r: torch.Tensor):
-        return torch_to_buffer_view(self.device, r, f"{self.spec.key} result {i}").ref
+    def _tensor_result(self, r: torch.Tensor):
+        # dense already (``_dense_result``): shared with IREE as it is
+        try:
+            return self.device.from_dlpack_capsule(
+                torch.utils.dlpack.to_dlpack(r.detach() if r.requires_grad else r)).ref
+        except Exception as e:
+            raise KernelCallFailed(f"result ({r.dtype}, {r.device}) cannot be handed to IREE: "
+                                   f"{e}", op=self.spec.qualified_name,
+                                   location=self.spec.location) from e
 
 
 def make_host_module(specs: list[KernelCallSpec], device, driver: str,
@@ -335,6 +362,6 @@ def make_host_module(specs: list[KernelCallSpec], device, driver: str,
     for spec in specs:
         fn = _KernelCall(spec, device, driver, host, options, constants)
         host.functions[spec.key] = fn
-        iface.export(spec.key, spec.cconv, lambda _self, *refs, _fn=fn: _fn(*refs))
+        iface.export(spec.key, spec.cconv, fn.host_entry)
     host.vm_module = iface.create()
     return host

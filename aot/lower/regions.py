@@ -54,20 +54,27 @@ from .flops import node_flops
 from .placement import KERNEL_CALL, Placement, PlacementPolicy
 from .targets import Target
 
-__all__ = ["worth_measuring", "choose_region", "RUNS", "BUDGET_S"]
+__all__ = ["may_measure", "worth_measuring", "choose_region", "RUNS", "BUDGET_S"]
 log = logging.getLogger(__name__)
 
 _QUANTIZED_MM = {f"{QUANTIZED_NAMESPACE}::conv2d", f"{QUANTIZED_NAMESPACE}::linear"}
 RUNS = 9          # timed calls per candidate (fewer when BUDGET_S runs out, never under 3)
 BUDGET_S = 6.0    # time for the timed calls of all candidates together
+_MAX_RUNS = 301     # timed calls per candidate for fast programs...
+_FAST_BUDGET_S = 0.3  # ...as many as fit in this, all candidates together
 _WARMUP = 3       # the second call of a CUDA region captures its graph
 
 
-def worth_measuring(imported: ImportedProgram, target: Target, policy: PlacementPolicy) -> bool:
-    """Default options, the device here, and at least one heavy op (or quantized conv/linear)."""
+def may_measure(target: Target, policy: PlacementPolicy) -> bool:
+    """Default options and the target device on this machine."""
     if policy.fallback != "auto" or policy.placement != "auto" or policy.fallback_ops:
         return False
-    if not target.driver.startswith("local") and not torch.cuda.is_available():
+    return target.driver.startswith("local") or torch.cuda.is_available()
+
+
+def worth_measuring(imported: ImportedProgram, target: Target, policy: PlacementPolicy) -> bool:
+    """``may_measure``, and at least one heavy op (or quantized conv/linear)."""
+    if not may_measure(target, policy):
         return False
     return any(n.op == "call_function" and ((node_flops(n) or 0) >= MIN_FLOPS or _quantized_mm(n))
                for n in imported.exported.graph.nodes)
@@ -81,17 +88,17 @@ def _quantized_mm(n) -> bool:
 
 
 def choose_region(per_op: CompiledArtifact, imported: ImportedProgram, target: Target,
-                  policy: PlacementPolicy, example) -> CompiledArtifact:
+                  policy: PlacementPolicy, example, aten: bool = True) -> CompiledArtifact:
     """The fastest of the per-op artifact and the ATen-region candidates.
 
     Args:
         per_op: the artifact of the per-op placement.
         imported: the program it was compiled from (batch norm folded).
         example: ``(args, kwargs)``, the example inputs to time the candidates on.
+        aten: build the ATen-region candidates; without, only the CPU driver
+            of the per-op artifact is chosen (``iree`` or ``iree-sync``), for
+            programs without heavy ops.
     """
-    from .compile import compile_program
-    from .partition import partition
-
     t0 = time.perf_counter()
     cands = {"iree": per_op}
     if target.driver == "local-task" and any(
@@ -101,6 +108,34 @@ def choose_region(per_op: CompiledArtifact, imported: ImportedProgram, target: T
         # around each kernel call, at the price of single-threaded compiled code
         cands["iree-sync"] = CompiledArtifact(
             per_op.vmfb, {**per_op.manifest, "driver": "local-sync"}, per_op.constants)
+    if aten:
+        cands.update(_aten_candidates(imported, target))
+    elif len(cands) == 1:
+        return per_op
+    times = _time_candidates(cands, example, target)
+    if not times.get("iree"):
+        return per_op
+    best = min(times, key=times.get)
+    region = {"candidates_ms": {k: round(v, 4) for k, v in times.items()}, "chosen": best,
+              "measure_seconds": round(time.perf_counter() - t0, 2)}
+    log.info("region placement: %s", region)
+    if best in ("iree", "iree-sync"):
+        return _with_region(cands[best], region, per_op.manifest["placements"], policy)
+    why = (f"one ATen region ({best}): the whole program ran faster in ATen on this machine, "
+           f"{times[best]:.3f} ms vs {times['iree']:.3f} ms with IREE and kernel calls "
+           "(measured end to end)")
+    placements = [dataclasses.replace(Placement.from_json(pl), where=KERNEL_CALL,
+                                      reason=why).to_json()
+                  for pl in cands[best].manifest["placements"]]
+    return _with_region(cands[best], region, placements, policy)
+
+
+def _aten_candidates(imported: ImportedProgram, target: Target) -> dict:
+    """The whole-ATen-region candidates for this program and target (none on failure)."""
+    from .compile import compile_program
+    from .partition import partition
+
+    cands = {}
     try:
         p = partition(imported, target, PlacementPolicy("all"))
         aten = compile_program(p)
@@ -119,22 +154,7 @@ def choose_region(per_op: CompiledArtifact, imported: ImportedProgram, target: T
             cands["aten-int8-onednn"] = _with_executor(aten, ExecOptions(quantized_engine="onednn"))
     except Exception as e:  # an ATen region is an optimisation: without it, per-op stands
         log.info("no ATen-region candidate: %s", e)
-    times = _time_candidates(cands, example, target)
-    if not times.get("iree"):
-        return per_op
-    best = min(times, key=times.get)
-    region = {"candidates_ms": {k: round(v, 4) for k, v in times.items()}, "chosen": best,
-              "measure_seconds": round(time.perf_counter() - t0, 2)}
-    log.info("region placement: %s", region)
-    if best in ("iree", "iree-sync"):
-        return _with_region(cands[best], region, per_op.manifest["placements"], policy)
-    why = (f"one ATen region ({best}): the whole program ran faster in ATen on this machine, "
-           f"{times[best]:.3f} ms vs {times['iree']:.3f} ms with IREE and kernel calls "
-           "(measured end to end)")
-    placements = [dataclasses.replace(Placement.from_json(pl), where=KERNEL_CALL,
-                                      reason=why).to_json()
-                  for pl in cands[best].manifest["placements"]]
-    return _with_region(cands[best], region, placements, policy)
+    return cands
 
 
 def _with_executor(a: CompiledArtifact, options: ExecOptions) -> CompiledArtifact:
@@ -174,8 +194,16 @@ def _time_candidates(cands: dict[str, CompiledArtifact], example, target: Target
             except Exception as e:  # a candidate that cannot run is not a candidate
                 log.info("region candidate %s did not run: %s", name, e)
         samples: dict[str, list] = {k: [] for k in mods}
+        runs = RUNS
+        if mods:  # fast programs: more calls (medians of a few calls of 0.1 ms are noise)
+            t = time.perf_counter()
+            for m in mods.values():
+                m(*args, **kwargs)
+            sync()
+            per_round = time.perf_counter() - t
+            runs = max(RUNS, min(_MAX_RUNS, int(_FAST_BUDGET_S / max(per_round, 1e-6))))
         deadline = time.perf_counter() + BUDGET_S
-        for i in range(RUNS):
+        for i in range(runs):
             if i >= 3 and time.perf_counter() > deadline:
                 break
             for name, m in mods.items():

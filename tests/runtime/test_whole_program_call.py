@@ -76,6 +76,6 @@ def test_kernel_call_errors_surface_from_a_direct_call():
     cm = aot.compile(Bad(), (torch.randn(3),), fallback="all")
     assert cm._direct is not None
     fn = cm.host.functions[cm.manifest["whole_program_call"]]
-    fn.bound.op = lambda *a, **k: (_ for _ in ()).throw(RuntimeError("boom"))
+    fn.call = lambda *a, **k: (_ for _ in ()).throw(RuntimeError("boom"))
     with pytest.raises(aot.KernelCallFailed, match="boom"):
         cm(torch.randn(3))
