@@ -29,7 +29,7 @@ from .placement import PlacementPolicy
 from .fold_bn import fold_batch_norm
 from .fold_constants import fold_constants
 from .recover import blame, grow
-from .regions import choose_region, may_measure, worth_measuring
+from .regions import choose_region, worth_measuring
 from .targets import Target
 
 __all__ = ["compile_program", "compile_model"]
@@ -86,10 +86,8 @@ def compile_model(imported: ImportedProgram, target: Target,
         vmfb, diag = try_compile(p.mlir, target)
         if vmfb is not None:
             art = _artifact(p, vmfb, time.perf_counter() - t0)
-            if example is not None and may_measure(target, policy):
-                # heavy ops: ATen regions too; otherwise only the CPU driver
-                art = choose_region(art, imported, target, policy, example,
-                                    aten=worth_measuring(imported, target, policy))
+            if example is not None and worth_measuring(imported, art, target, policy):
+                art = choose_region(art, imported, target, policy, example)
                 art.manifest["compile_seconds"] = round(time.perf_counter() - t0, 3)
             art.manifest["folded_ops"] = folded
             return art

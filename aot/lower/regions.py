@@ -4,9 +4,13 @@ Per-op placement (``partition``) puts each heavy op where it measures faster
 alone. It cannot see what the crossings between neighbouring ops cost, nor
 what ATen gains by keeping a whole region: tensors stay in its own layouts, and
 on CUDA a region's launches replay from one CUDA graph. So for a program with
-heavy ops (convolutions, matmuls over ``MIN_FLOPS``), ``compile_model`` also
-builds the candidates below and keeps the one that runs the example inputs
-fastest on this machine, end to end, calls interleaved, median of several:
+heavy ops (convolutions, matmuls over ``MIN_FLOPS``) or with kernel calls,
+``compile_model`` also builds the candidates below and keeps the one that runs
+the example inputs fastest on this machine, end to end, calls interleaved,
+median of several (more for fast programs). A program with neither (all
+compiled, no heavy op) has nothing to choose. A program whose per-op placement
+has kernel calls but no heavy ops gets every candidate too: IREE's fixed cost
+per invocation and per crossing can exceed what its code saves.
 
 - ``iree``: the per-op placement ``partition`` decided (IREE + kernel calls);
 - ``iree-sync`` (CPU, when that placement has both compiled code and kernel
@@ -54,7 +58,7 @@ from .flops import node_flops
 from .placement import KERNEL_CALL, Placement, PlacementPolicy
 from .targets import Target
 
-__all__ = ["may_measure", "worth_measuring", "choose_region", "RUNS", "BUDGET_S"]
+__all__ = ["worth_measuring", "choose_region", "RUNS", "BUDGET_S"]
 log = logging.getLogger(__name__)
 
 _QUANTIZED_MM = {f"{QUANTIZED_NAMESPACE}::conv2d", f"{QUANTIZED_NAMESPACE}::linear"}
@@ -65,18 +69,19 @@ _FAST_BUDGET_S = 0.3  # ...as many as fit in this, all candidates together
 _WARMUP = 3       # the second call of a CUDA region captures its graph
 
 
-def may_measure(target: Target, policy: PlacementPolicy) -> bool:
+def _may_measure(target: Target, policy: PlacementPolicy) -> bool:
     """Default options and the target device on this machine."""
     if policy.fallback != "auto" or policy.placement != "auto" or policy.fallback_ops:
         return False
     return target.driver.startswith("local") or torch.cuda.is_available()
 
 
-def worth_measuring(imported: ImportedProgram, target: Target, policy: PlacementPolicy) -> bool:
-    """``may_measure``, and at least one heavy op (or quantized conv/linear)."""
-    if not may_measure(target, policy):
+def worth_measuring(imported: ImportedProgram, per_op: CompiledArtifact, target: Target,
+                    policy: PlacementPolicy) -> bool:
+    """``_may_measure``, and kernel calls or at least one heavy op (or quantized conv/linear)."""
+    if not _may_measure(target, policy):
         return False
-    return any(n.op == "call_function" and ((node_flops(n) or 0) >= MIN_FLOPS or _quantized_mm(n))
+    return bool(per_op.manifest["kernel_calls"]) or any(n.op == "call_function" and ((node_flops(n) or 0) >= MIN_FLOPS or _quantized_mm(n))
                for n in imported.exported.graph.nodes)
 
 
@@ -88,16 +93,13 @@ def _quantized_mm(n) -> bool:
 
 
 def choose_region(per_op: CompiledArtifact, imported: ImportedProgram, target: Target,
-                  policy: PlacementPolicy, example, aten: bool = True) -> CompiledArtifact:
+                  policy: PlacementPolicy, example) -> CompiledArtifact:
     """The fastest of the per-op artifact and the ATen-region candidates.
 
     Args:
         per_op: the artifact of the per-op placement.
         imported: the program it was compiled from (batch norm folded).
         example: ``(args, kwargs)``, the example inputs to time the candidates on.
-        aten: build the ATen-region candidates; without, only the CPU driver
-            of the per-op artifact is chosen (``iree`` or ``iree-sync``), for
-            programs without heavy ops.
     """
     t0 = time.perf_counter()
     cands = {"iree": per_op}
@@ -108,10 +110,7 @@ def choose_region(per_op: CompiledArtifact, imported: ImportedProgram, target: T
         # around each kernel call, at the price of single-threaded compiled code
         cands["iree-sync"] = CompiledArtifact(
             per_op.vmfb, {**per_op.manifest, "driver": "local-sync"}, per_op.constants)
-    if aten:
-        cands.update(_aten_candidates(imported, target))
-    elif len(cands) == 1:
-        return per_op
+    cands.update(_aten_candidates(imported, target))
     times = _time_candidates(cands, example, target)
     if not times.get("iree"):
         return per_op

@@ -34,15 +34,16 @@ def test_resnet18_default_placement_is_measured_and_matches_eager():
     torch.testing.assert_close(cm(*ex), ref, rtol=1e-4, atol=1e-4)
     ops = {p["op"] for p in cm.manifest["placements"]}
     assert "aten._native_batch_norm_legit_no_training.default" not in ops  # folded
-    _check_region_or_per_op(cm, lambda p: p["op"] == "aten.conv2d.default")
+    _check_region_or_per_op(cm, lambda p: p["op"] == "aten.conv2d.default"
+                            and p["reason"].startswith("ATen is faster here"))
 
 
 def _check_region_or_per_op(cm, per_op_kernel_call):
     """Placements follow the measured region choice: one ATen region, or per-op costs."""
     region = cm.manifest["region"]
-    if region["chosen"] == "iree":
+    if region["chosen"] in ("iree", "iree-sync"):
         for p in _kernel_calls(cm):
-            assert per_op_kernel_call(p) and p["reason"].startswith("ATen is faster here")
+            assert per_op_kernel_call(p), p
     else:
         assert all(p["reason"].startswith(f"one ATen region ({region['chosen']})")
                    for p in cm.manifest["placements"])
@@ -69,7 +70,7 @@ def test_bert(fallback):
     else:
         # Layer norm / softmax / matmul reassociation in fp32: 1e-4 absolute.
         torch.testing.assert_close(cm(*ex), ref, rtol=1e-4, atol=1e-4)
-        _check_region_or_per_op(cm, lambda p: True)
+        _check_region_or_per_op(cm, lambda p: p["reason"].startswith("ATen is faster here"))
 
 
 @pytest.mark.parametrize("name,op", [("custom_op", "aot_models.scaled_tanh.default"),
@@ -77,7 +78,8 @@ def test_bert(fallback):
 @pytest.mark.parametrize("fallback", ["auto", "all"])
 def test_models_with_uncovered_ops(name, op, fallback):
     model, ex = models.get(name)
-    cm = aot.compile(model, ex, fallback=fallback)
+    # per op (the default also measures whole ATen regions: see the next test)
+    cm = aot.compile(model, ex, fallback=fallback, placement="coverage")
     with torch.no_grad():
         ref = model(*ex)
     tol = dict(rtol=0, atol=0) if fallback == "all" else dict(rtol=1e-5, atol=1e-5)
@@ -90,3 +92,17 @@ def test_models_with_uncovered_ops(name, op, fallback):
         assert f"models/{name}.py" in kc[0]["location"]
         text = cm.report()
         assert op in text and f"models/{name}.py" in text
+
+
+@pytest.mark.parametrize("name", ["custom_op", "unlowerable"])
+def test_default_measures_programs_with_kernel_calls_as_regions(name):
+    """A program with kernel calls is timed per op (both CPU drivers) and as one ATen region."""
+    model, ex = models.get(name)
+    cm = aot.compile(model, ex)
+    region = cm.manifest["region"]
+    assert {"iree", "iree-sync", "aten"} <= set(region["candidates_ms"])
+    assert region["chosen"] == min(region["candidates_ms"], key=region["candidates_ms"].get)
+    _check_region_or_per_op(cm, lambda p: "does not know this op" in p["reason"])
+    assert "region placement, measured end to end" in cm.report()
+    with torch.no_grad():
+        torch.testing.assert_close(cm(*ex), model(*ex), rtol=1e-5, atol=1e-5)

@@ -46,7 +46,7 @@ def test_default_compile_measures_regions_and_keeps_the_fastest(convnet):
                                              "aten-channels-last"}
     assert region["chosen"] == min(times, key=times.get)
     where = {p["where"] for p in cm.manifest["placements"]}
-    if region["chosen"] != "iree":  # one ATen region: every op a kernel call, and the report says why
+    if region["chosen"] not in ("iree", "iree-sync"):  # one ATen region: every op a kernel call
         assert where == {"kernel_call"}
         assert "one ATen region" in cm.report()
     assert "region placement, measured end to end" in cm.report()
