@@ -8,7 +8,10 @@ For each case, interleaved calls, median of ``--runs``:
 - BERT attention (1x4x128x32): ``softmax(q @ k^T / c) @ v`` written out, against
   ``scaled_dot_product_attention``;
 - quantized 3x3 convolutions (+ReLU): ATen's ``quantized.conv2d_relu`` (x86 engine),
-  against oneDNN's ``onednn.qconv2d_pointwise`` on a weight packed once.
+  against oneDNN's ``onednn.qconv2d_pointwise`` on a weight packed once;
+- the quantized ResNet18's 20 convolutions (x86 qconfig, their own inputs):
+  ``quantized.conv2d[_relu]`` on weights packed by the x86 engine (as eager) against the
+  same op on weights packed by oneDNN (the ``aten-int8-onednn`` region candidate).
 
     python benchmarks/kernels.py [--runs 50]
 """
@@ -104,6 +107,42 @@ def quantized_convs(runs: int) -> None:
               f"{t['x86']:.3f} ms, oneDNN qconv {t['onednn']:.3f} ms")
 
 
+def resnet18_int8_convs(runs: int) -> None:
+    try:
+        from models.quantized_resnet18 import quantized_resnet18
+        model, (x,) = quantized_resnet18("x86")
+    except ImportError as e:  # torchvision is a test dependency
+        print(f"quantized ResNet18 convolutions: skipped ({e})")
+        return
+    if "onednn" not in torch.backends.quantized.supported_engines:
+        print("quantized ResNet18 convolutions: skipped (no oneDNN quantized engine)")
+        return
+    seen = []
+    hooks = [m.register_forward_hook(lambda m, i, o: seen.append((m, i[0])))
+             for m in model.modules() if type(m).__module__.startswith("torch.ao.nn.quantized")
+             and type(m).__name__ in ("Conv2d", "ConvReLU2d")]
+    model(x)
+    for h in hooks:
+        h.remove()
+    total = {"x86": 0.0, "onednn": 0.0}
+    for m, inp in seen:
+        op = (torch.ops.quantized.conv2d_relu if type(m).__name__ == "ConvReLU2d"
+              else torch.ops.quantized.conv2d)
+        packs = {}
+        for engine in total:
+            torch.backends.quantized.engine = engine
+            packs[engine] = torch.ops.quantized.conv2d_prepack(
+                m.weight(), m.bias(), list(m.stride), list(m.padding), list(m.dilation), m.groups)
+        torch.backends.quantized.engine = "x86"
+        t = _interleaved({e: (lambda p=p: op(inp, p, m.scale, m.zero_point))
+                          for e, p in packs.items()}, runs)
+        for e in total:
+            total[e] += t[e]
+    print(f"quantized ResNet18 convolutions, sum of medians: weights packed by the x86 engine "
+          f"{total['x86']:.2f} ms, by oneDNN {total['onednn']:.2f} ms "
+          f"({total['x86'] / total['onednn']:.2f}x)")
+
+
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("--runs", type=int, default=50)
@@ -114,6 +153,7 @@ def main():
     resnet18_convs(a.runs)
     attention(a.runs * 10)
     quantized_convs(a.runs)
+    resnet18_int8_convs(a.runs)
 
 
 if __name__ == "__main__":

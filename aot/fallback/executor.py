@@ -92,6 +92,7 @@ class ExecOptions:
 
 
 _from_dlpack = torch._C._from_dlpack  # torch.from_dlpack without its Python dispatch
+_to_dlpack = torch._C._to_dlpack
 _BufferView = rt.HalBufferView
 
 
@@ -177,6 +178,12 @@ class _KernelCall:
         self.plain_operands = (len(self.crossing_dtypes) == len(self.operand_plan)
                                and not self.quantized_inputs and not self.on_cpu)
         self.kinds = spec.out_kinds
+        # one op, every operand crossing as it is (no reinterpreted dtype), one tensor result
+        self.simple = (not spec.is_group and self.plain_operands and not spec.scalar_inputs
+                       and self.kinds == "t" and spec.results[0].qparams is None
+                       and all(t.torch_dtype == d for t, d in zip(spec.inputs,
+                                                                 self.crossing_dtypes))
+                       and driver.startswith("local"))
         # per tensor result: (spec, shape, dtype ATen returns, storage dtype)
         self.result_checks = [(r, torch.Size(r.shape), r.torch_dtype,
                                dtype_from_name(r.storage_dtype)) for r in spec.results]
@@ -227,6 +234,32 @@ class _KernelCall:
             self.host.pending_error = e
             raise
         return vals[0] if len(vals) == 1 else tuple(vals)
+
+    def simple_entry(self, _state, *refs):
+        """``host_entry`` for the common call: one op, tensors in as they are, one tensor out.
+
+        Same checks and results as ``host_entry``, in one frame (``self.simple``).
+        """
+        try:
+            dl, capsule = self.dlpack_device, self.device.create_dlpack_capsule
+            tensors = [_from_dlpack(capsule(r.deref(_BufferView), dl, 0)) for r in refs]
+            self.host.calls += 1
+            args, kwargs = self.bound.bind(tensors)
+            r = self._call(self.spec, self.call, args, kwargs)
+            check = self.result_checks[0]
+            if r.__class__ is torch.Tensor and r.dtype == check[2] and r.shape == check[1] \
+                    and r.is_contiguous():
+                ptr = _storage_ptr(r)
+                if ptr in self.const_ptrs or any(ptr == _storage_ptr(t) for t in tensors):
+                    r = r.clone()
+            else:  # anything else: the general checks (errors, copies)
+                r = self._dense_result(0, r[0] if isinstance(r, (tuple, list)) and len(r) == 1
+                                       else r, check, tensors)
+            return self.device.from_dlpack_capsule(
+                _to_dlpack(r.detach() if r.requires_grad else r)).ref
+        except BaseException as e:  # never let a Python error unwind through IREE
+            self.host.pending_error = e
+            raise
 
     def run_tensors(self, crossing: list, scalars=()) -> list:
         """The ATen side of a call: crossing operands (storage form) in, results out.
@@ -362,6 +395,6 @@ def make_host_module(specs: list[KernelCallSpec], device, driver: str,
     for spec in specs:
         fn = _KernelCall(spec, device, driver, host, options, constants)
         host.functions[spec.key] = fn
-        iface.export(spec.key, spec.cconv, fn.host_entry)
+        iface.export(spec.key, spec.cconv, fn.simple_entry if fn.simple else fn.host_entry)
     host.vm_module = iface.create()
     return host

@@ -2,6 +2,7 @@
 
 import math
 
+import iree.runtime as rt
 import pytest
 import torch
 
@@ -203,3 +204,28 @@ def test_error_inside_a_group_names_the_member_that_failed():
     assert "test_kernel_calls.py" in str(e.value)  # the member's source line
     good = torch.rand(5)
     torch.testing.assert_close(cm(good), UsesCustom()(good), rtol=0, atol=0)
+
+
+class ViewBetweenCompiled(torch.nn.Module):
+    def forward(self, x):
+        return (x * 2).view(4, 2) + 1
+
+
+def test_simple_kernel_call_never_hands_back_its_operand_memory():
+    """The one-frame entry (one op, one tensor result) copies a result that aliases an operand."""
+    from aot.runtime.device import buffer_view_to_torch, torch_to_buffer_view
+
+    m, x = ViewBetweenCompiled(), torch.randn(8)
+    cm = aot.compile(m, (x,), fallback_ops=["aten.view"])
+    (fn,) = cm.host.functions.values()
+    assert fn.simple and fn.spec.op == "aten::view"
+    torch.testing.assert_close(cm(x), m(x), rtol=0, atol=0)
+    operand = torch.randn(8)
+    ref = fn.simple_entry(None, torch_to_buffer_view(cm.device, operand, "x").ref)
+    out = buffer_view_to_torch(cm.device, ref.deref(rt.HalBufferView), cm.driver)
+    torch.testing.assert_close(out, operand.view(4, 2), rtol=0, atol=0)
+    assert out.data_ptr() != operand.data_ptr()
+    # an ATen error inside the one-frame entry is a KernelCallFailed naming the op
+    fn.call = lambda *a, **k: (_ for _ in ()).throw(RuntimeError("boom"))
+    with pytest.raises(aot.KernelCallFailed, match=r"aten.view.default.*boom"):
+        cm(x)
