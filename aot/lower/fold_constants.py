@@ -9,7 +9,8 @@ exported program (``InputKind.CONSTANT_TENSOR``, named ``_folded_<node>``);
 the folded ops disappear from the program.
 
 What is folded: ATen/prims ops that are deterministic (no RNG), mutate
-nothing, and whose operands are constants (or folded values) and literals. A
+nothing, and whose operands are constants (or folded values) and literals,
+computed on the CPU (a program exported on CUDA tensors keeps its ops). A
 view of a constant is never stored as a constant (its strides are the
 reader's business); it stays in the program and its source is stored instead.
 A value larger than ``MAX_BYTES`` (and than every constant it was computed
@@ -73,7 +74,8 @@ def _evaluate(ep: torch.export.ExportedProgram) -> tuple[dict, set]:
         except Exception as e:  # e.g. a device absent here: the op stays in the program
             log.debug("not folding %s: %s", n.name, e)
             continue
-        if not isinstance(out, torch.Tensor) or out.requires_grad or out.is_quantized:
+        if not isinstance(out, torch.Tensor) or out.requires_grad or out.is_quantized \
+                or out.device.type != "cpu":  # constants are stored from the CPU
             continue
         ins = [values[a] for a in n.all_input_nodes]
         if _bytes(out) > max([MAX_BYTES] + [_bytes(t) for t in ins]):
