@@ -150,7 +150,7 @@ class _KernelCall:
     def __init__(self, spec: KernelCallSpec, device, driver: str, host: HostModule,
                  options: ExecOptions = ExecOptions(), constants: dict | None = None):
         self.spec, self.device, self.driver, self.host = spec, device, driver, host
-        self.torch_device = torch.device("cpu") if driver.startswith("local") else torch.device("cuda")
+        self.torch_device = torch.device("cpu" if driver.startswith("local") else "cuda")
         # per input: (storage dtype, None) when it crosses from IREE, (None, tensor) when host-held
         self.operand_plan = []
         for i, t in enumerate(spec.inputs):
@@ -203,7 +203,8 @@ class _KernelCall:
             op = _resolve(m, options)
             if self.nhwc is not None:
                 op = self.nhwc.op_for(m.op, op)
-            weight = next((o for o in m.operands if isinstance(o, TensorArg) and o.name == "weight"), None)
+            weight = next((o for o in m.operands
+                           if isinstance(o, TensorArg) and o.name == "weight"), None)
             self.members.append((BoundCall(m, op, self.torch_device), m.op in CONV_OPS,
                                  bool(weight and weight.constant),
                                  any(isinstance(o, TensorArg) and o.spec.qparams is not None

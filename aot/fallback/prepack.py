@@ -251,7 +251,8 @@ def _match_attention(i, specs, slot_of, producer, only_reader, plan):
     if dims != {nd - 2, nd - 1}:
         return None
     chain, scale, j = [i], 1.0, only_reader(slot_of[i])
-    if j is not None and specs[j].op in ("aten::div", "aten::mul") and specs[j].overload == "Tensor":
+    if j is not None and specs[j].op in ("aten::div", "aten::mul") \
+            and specs[j].overload == "Tensor":
         c = _static(specs[j], "other")
         if not isinstance(c, (int, float)) or isinstance(c, bool) or c == 0 \
                 or arg(specs[j], "self").index != slot_of[i]:

@@ -81,7 +81,9 @@ def worth_measuring(imported: ImportedProgram, per_op: CompiledArtifact, target:
     """``_may_measure``, and kernel calls or at least one heavy op (or quantized conv/linear)."""
     if not _may_measure(target, policy):
         return False
-    return bool(per_op.manifest["kernel_calls"]) or any(n.op == "call_function" and ((node_flops(n) or 0) >= MIN_FLOPS or _quantized_mm(n))
+    if per_op.manifest["kernel_calls"]:
+        return True
+    return any(n.op == "call_function" and ((node_flops(n) or 0) >= MIN_FLOPS or _quantized_mm(n))
                for n in imported.exported.graph.nodes)
 
 
