@@ -20,14 +20,17 @@ from .errors import InputMismatch
 
 __all__ = ["QuantParams", "TorchTensor", "dtype_from_name", "dtype_name"]
 
-# Forward table; the inverse is derived so the two cannot drift apart.
+# Forward table: every dtype this torch build has (the boundary takes them all;
+# what compiled code can hold is ``aot.lower.outline``'s business). The inverse
+# is derived so the two cannot drift apart.
 _DTYPES: dict[str, torch.dtype] = {
-    "float32": torch.float32, "float64": torch.float64, "float16": torch.float16,
-    "bfloat16": torch.bfloat16, "int8": torch.int8, "uint8": torch.uint8,
-    "int16": torch.int16, "int32": torch.int32, "int64": torch.int64,
-    "bool": torch.bool, "complex64": torch.complex64,
-    "quint8": torch.quint8, "qint8": torch.qint8, "qint32": torch.qint32,
-}
+    name: getattr(torch, name) for name in (
+        "float32", "float64", "float16", "bfloat16", "int8", "uint8", "int16", "int32",
+        "int64", "bool", "complex32", "complex64", "complex128", "uint16", "uint32", "uint64",
+        "quint8", "qint8", "qint32", "quint4x2", "quint2x4", "float8_e4m3fn", "float8_e5m2",
+        "float8_e4m3fnuz", "float8_e5m2fnuz", "float8_e8m0fnu", "float4_e2m1fn_x2",
+        "bits8", "bits16", "bits1x8", "bits2x4", "bits4x2")
+    if isinstance(getattr(torch, name, None), torch.dtype)}
 _NAMES: dict[torch.dtype, str] = {v: k for k, v in _DTYPES.items()}
 # A quantized tensor crosses into compiled code as its integer representation.
 _STORAGE: dict[str, str] = {"quint8": "uint8", "qint8": "int8", "qint32": "int32"}
@@ -106,6 +109,11 @@ def _contiguous_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
 class TorchTensor:
     """dtype, shape, strides and quantization parameters of one tensor.
 
+    A dimension only known at run time (an op whose output shape depends on
+    the data, like ``nonzero``) is ``None`` in ``shape``, and the strides are
+    then all ``None``: such a tensor never crosses into compiled code (the host
+    runs its region, ``aot.lower.host_program``), and checks accept any size there.
+
     Made by the importer (model inputs/outputs) and the partitioner (kernel-call
     operands/results); read by the runtime (input checks, output layout) and the
     fallback executor. Frozen: a spec read in one stage never changes under you.
@@ -122,13 +130,11 @@ class TorchTensor:
 
     @staticmethod
     def from_tensor(t: torch.Tensor) -> "TorchTensor":
-        """Describe a real or fake tensor (shapes must be static)."""
-        try:
-            shape = tuple(int(s) for s in t.shape)
-            strides = tuple(int(s) for s in t.stride())
-        except (TypeError, RuntimeError) as e:
-            raise InputMismatch(f"tensor has a dynamic shape {tuple(t.shape)}; only static "
-                                "shapes are supported") from e
+        """Describe a real or fake tensor (a data-dependent dimension becomes ``None``)."""
+        shape = tuple(_static_int(s) for s in t.shape)
+        strides = tuple(_static_int(s) for s in t.stride())
+        if None in shape or None in strides:
+            strides = (None,) * len(shape)
         qp = QuantParams.from_tensor(t) if t.is_quantized and t.device.type != "meta" else None
         return TorchTensor(dtype_name(t.dtype), shape, strides, qp)
 
@@ -140,9 +146,16 @@ class TorchTensor:
     def numel(self) -> int:
         return math.prod(self.shape)
 
+    @property
+    def is_dynamic(self) -> bool:
+        """Some dimension is only known at run time."""
+        return None in self.shape
+
     @cached_property
     def is_contiguous(self) -> bool:
         """Row-major dense (size-1 dims may have any stride, as in torch)."""
+        if self.is_dynamic:
+            return True  # whatever layout ATen gives it
         expect = _contiguous_strides(self.shape)
         return all(s == e or n <= 1 for s, e, n in zip(self.strides, expect, self.shape))
 
@@ -186,6 +199,8 @@ class TorchTensor:
 
     def dense(self) -> "TorchTensor":
         """The same tensor laid out row-major, as compiled code holds it."""
+        if self.is_dynamic:
+            return self
         return TorchTensor(self.dtype, self.shape, _contiguous_strides(self.shape), self.qparams)
 
     def check(self, t: Any, name: str) -> None:
@@ -200,6 +215,15 @@ class TorchTensor:
         if not isinstance(t, torch.Tensor):
             raise InputMismatch(f"{name}: expected a torch.Tensor {self.short()}, "
                                 f"got {type(t).__name__}")
+        if self.is_dynamic:
+            if t.dim() != len(self.shape) or any(
+                    d is not None and d != g for d, g in zip(self.shape, t.shape)):
+                raise InputMismatch(f"{name}: shape mismatch: expected {self._dims()}, "
+                                    f"got {list(t.shape)}")
+            if t.dtype != self.torch_dtype:
+                raise InputMismatch(f"{name}: dtype mismatch: expected {self.dtype}, "
+                                    f"got {str(t.dtype).replace('torch.', '')}")
+            return
         if tuple(t.shape) != self.shape:
             raise InputMismatch(f"{name}: shape mismatch: expected {list(self.shape)}, "
                                 f"got {list(t.shape)}")
@@ -215,10 +239,13 @@ class TorchTensor:
             raise InputMismatch(f"{name}: quantization parameters mismatch: expected "
                                 f"{self.qparams}, got {got.qparams}")
 
+    def _dims(self) -> str:
+        return "[" + ", ".join("?" if d is None else str(d) for d in self.shape) + "]"
+
     def short(self) -> str:
         q = f", {self.qparams.scheme}" if self.qparams else ""
         mf = "" if self.memory_format == "contiguous" else f", {self.memory_format}"
-        return f"{self.dtype}{list(self.shape)}{mf}{q}"
+        return f"{self.dtype}{self._dims()}{mf}{q}"
 
     def to_json(self) -> dict[str, Any]:
         return {"dtype": self.dtype, "shape": list(self.shape), "strides": list(self.strides),
@@ -229,6 +256,16 @@ class TorchTensor:
         qp = d.get("qparams")
         return TorchTensor(d["dtype"], tuple(d["shape"]), tuple(d["strides"]),
                            QuantParams.from_json(qp) if qp else None)
+
+
+def _static_int(s) -> int | None:
+    """A size or stride as an int, or None when it is only known at run time."""
+    if isinstance(s, int):
+        return s
+    try:
+        return int(s)  # a SymInt with a hint (static at export)
+    except Exception:  # an unbacked SymInt: data-dependent
+        return None
 
 
 def _same_layout(spec: TorchTensor, fmt: torch.memory_format) -> bool:

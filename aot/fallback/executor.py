@@ -250,14 +250,12 @@ class _KernelCall:
             check = self.result_checks[0]
             if r.__class__ is torch.Tensor and r.dtype == check[2] and r.shape == check[1] \
                     and r.is_contiguous():
-                ptr = _storage_ptr(r)
-                if ptr in self.const_ptrs or any(ptr == _storage_ptr(t) for t in tensors):
+                if self._shares_memory(r, tensors):
                     r = r.clone()
             else:  # anything else: the general checks (errors, copies)
                 r = self._dense_result(0, r[0] if isinstance(r, (tuple, list)) and len(r) == 1
                                        else r, check, tensors)
-            return self.device.from_dlpack_capsule(
-                _to_dlpack(r.detach() if r.requires_grad else r)).ref
+            return self._tensor_result(r)
         except BaseException as e:  # never let a Python error unwind through IREE
             self.host.pending_error = e
             raise
@@ -367,17 +365,21 @@ class _KernelCall:
                 op=self.spec.qualified_name, location=self.spec.location)
         if not r.is_contiguous():
             r = r.contiguous()
-        else:  # never hand back an operand's memory (IREE may reuse it after the call)
-            ptr = _storage_ptr(r)
-            if ptr in self.const_ptrs or any(ptr == _storage_ptr(t) for t in crossing):
-                r = r.clone()
+        elif self._shares_memory(r, crossing):
+            r = r.clone()
         return r.to(self.torch_device) if self.on_cpu else r
+
+    def _shares_memory(self, r: torch.Tensor, crossing) -> bool:
+        """``r`` is a host-held constant's or a crossing operand's memory, which IREE may
+        reuse once the call returns: such a result must be copied."""
+        ptr = _storage_ptr(r)
+        return ptr in self.const_ptrs or any(ptr == _storage_ptr(t) for t in crossing)
 
     def _tensor_result(self, r: torch.Tensor):
         # dense already (``_dense_result``): shared with IREE as it is
         try:
             return self.device.from_dlpack_capsule(
-                torch.utils.dlpack.to_dlpack(r.detach() if r.requires_grad else r)).ref
+                _to_dlpack(r.detach() if r.requires_grad else r)).ref
         except Exception as e:
             raise KernelCallFailed(f"result ({r.dtype}, {r.device}) cannot be handed to IREE: "
                                    f"{e}", op=self.spec.qualified_name,

@@ -8,6 +8,7 @@ Python value       JSON
 =================  ===========================================
 int, bool, str     itself
 float              itself; ``{"float": "inf"|"-inf"|"nan"}``
+complex            ``{"complex": [real, imag]}`` (each a float as above)
 None               ``null``
 list / tuple       ``{"list": [...]}`` / ``{"tuple": [...]}``
 torch.dtype        ``{"dtype": "float32"}``
@@ -50,6 +51,8 @@ def encode(value: Any) -> Any:
         return value
     if isinstance(value, float):
         return value if math.isfinite(value) else {"float": repr(value)}
+    if isinstance(value, complex):
+        return {"complex": [encode(value.real), encode(value.imag)]}
     if isinstance(value, (list, tuple)):
         # FX hands us immutable_list/immutable_dict subclasses: tag by base type.
         return {"tuple" if isinstance(value, tuple) else "list": [encode(v) for v in value]}
@@ -76,6 +79,8 @@ def decode(data: Any, *, device: torch.device | None = None) -> Any:
         return tuple(decode(x, device=device) for x in v)
     if tag == "float":
         return float(v)
+    if tag == "complex":
+        return complex(decode(v[0]), decode(v[1]))
     if tag == "dtype":
         from ..torch_tensor import dtype_from_name
         return dtype_from_name(v)

@@ -13,6 +13,7 @@ from typing import Callable
 
 import torch
 import torch.fx
+import torch.utils._pytree as pytree
 
 from .._mlir import FxImporter, ir, new_context
 
@@ -42,7 +43,10 @@ def stateless_graph(ep: torch.export.ExportedProgram,
             else:
                 env[node] = node.meta.get("val")  # non-tensor input, baked by export
         elif node.op == "output":
-            g.output(torch.fx.map_arg(node.args[0], lambda n: env[n]))
+            # the tensor leaves, in order (static leaves are the runtime's: ImportedProgram)
+            leaves = [a for a in pytree.tree_leaves(node.args[0]) if isinstance(a, torch.fx.Node)
+                      and isinstance(a.meta.get("val"), torch.Tensor)]
+            g.output(tuple(env[a] for a in leaves))
         else:
             new = rewrite(node, g, env) if rewrite else None
             if new is DROP:

@@ -45,15 +45,27 @@ class ImportedProgram:
     mandatory decompositions applied). ``flat_inputs`` has one entry per leaf of
     the ``(args, kwargs)`` pytree: a TorchTensor for tensors, or a ``("static",
     value)`` pair for non-tensor leaves, which are baked in at export.
+
+    ``outputs`` has one entry per leaf of the graph's output, in order: first the
+    new values of what the model updates in place (``mutations``, one each), then
+    the user's outputs (``out_spec`` rebuilds their pytree). An entry is a
+    TorchTensor, ``("static", value)`` for a value export computed at trace time
+    (``x.shape[0] > 2``), or ``("scalar", kind)`` for an int/float/bool only known
+    at run time (kind ``i``/``f``/``b``). ``mutations[i]`` is ``{"input": k}``
+    (flat input leaf ``k``) or ``{"buffer": name}``; ``returns_input[j]`` is the
+    flat input leaf the j-th user output *is* (a mutated input returned, as
+    ``x.fill_(v)`` returns ``x``), or None.
     """
 
     exported: torch.export.ExportedProgram
     flat_inputs: tuple[Any, ...]
-    outputs: tuple[TorchTensor, ...]
+    outputs: tuple[Any, ...]
     in_spec: pytree.TreeSpec
     out_spec: pytree.TreeSpec
     name: str = "model"
     input_names: tuple[str, ...] = field(default=())
+    mutations: tuple[dict, ...] = ()
+    returns_input: tuple[int | None, ...] = ()
 
     def __post_init__(self):
         n_tensor = sum(isinstance(i, TorchTensor) for i in self.flat_inputs)
@@ -64,6 +76,11 @@ class ImportedProgram:
     @property
     def tensor_inputs(self) -> tuple[TorchTensor, ...]:
         return tuple(i for i in self.flat_inputs if isinstance(i, TorchTensor))
+
+    @property
+    def tensor_outputs(self) -> tuple[TorchTensor, ...]:
+        """The output leaves compiled code returns (static leaves are the runtime's)."""
+        return tuple(o for o in self.outputs if isinstance(o, TorchTensor))
 
 
 def import_model(model: torch.nn.Module, args: tuple, kwargs: dict | None = None,
@@ -80,7 +97,7 @@ def import_model(model: torch.nn.Module, args: tuple, kwargs: dict | None = None
     Raises:
         ExportFailed: torch.export could not capture the model (the message
             holds torch's reason and what to try).
-        UnsupportedOp: the program mutates inputs/buffers or returns non-tensors.
+        UnsupportedOp: a custom op that mutates its arguments.
     """
     if not isinstance(model, torch.nn.Module):
         raise ExportFailed(f"model must be a torch.nn.Module, got {type(model).__name__}")
@@ -97,15 +114,48 @@ def import_model(model: torch.nn.Module, args: tuple, kwargs: dict | None = None
     ep = rewrite_qdq(_export(model, args, kwargs, options, name))
     _check_functional(ep)
     flat, _ = pytree.tree_flatten((args, kwargs))
+    names = _input_names(args, kwargs)
     flat_inputs = tuple(TorchTensor.from_tensor(x) if isinstance(x, torch.Tensor)
-                        else ("static", static_values.encode(x)) for x in flat)
+                        else ("static", _static_input(x, n)) for x, n in zip(flat, names))
     outputs = _output_specs(ep)
+    mutations, returns_input = _mutations(ep, flat)
     if boundary is not None:  # quantized inputs/outputs keep their dtype and qparams
         flat_inputs = tuple(b if isinstance(b, TorchTensor) else f
                             for f, b in zip(flat_inputs, boundary.inputs))
-        outputs = boundary.outputs
+        outputs = outputs[:len(mutations)] + tuple(boundary.outputs)
     return ImportedProgram(ep, flat_inputs, outputs, ep.call_spec.in_spec, ep.call_spec.out_spec,
-                           name=name, input_names=_input_names(args, kwargs))
+                           name=name, input_names=names, mutations=mutations,
+                           returns_input=returns_input)
+
+
+def _static_input(x, name: str):
+    try:
+        return static_values.encode(x)
+    except TypeError as e:
+        raise ExportFailed(f"{name}: a non-tensor input must be an int, float, bool, str, "
+                           f"None, dtype, device or a list of these ({e})") from None
+
+
+def _mutations(ep, flat) -> tuple[tuple[dict, ...], tuple]:
+    """What the program updates in place, and which user outputs are mutated inputs."""
+    sig = ep.graph_signature
+    user = [s.arg.name for s in sig.input_specs if s.kind.name == "USER_INPUT"]
+    # user input placeholders in order are the flat input leaves in order
+    leaf = {n: (i if len(user) == len(flat) else None) for i, n in enumerate(user)}
+    mutations, mutated_arg = [], {}
+    for s in sig.output_specs:
+        if s.kind.name == "BUFFER_MUTATION":
+            mutations.append({"buffer": s.target})
+        elif s.kind.name == "USER_INPUT_MUTATION":
+            k = leaf.get(s.target)
+            if k is None:
+                raise UnsupportedOp(f"the model updates its input {s.target!r} in place, and "
+                                    "it could not be matched to an input leaf")
+            mutations.append({"input": k})
+            mutated_arg[s.arg.name] = k
+    returns = tuple(mutated_arg.get(getattr(s.arg, "name", None))
+                    for s in sig.output_specs if s.kind.name == "USER_OUTPUT")
+    return tuple(mutations), returns
 
 
 def _input_names(args, kwargs) -> tuple[str, ...]:
@@ -118,15 +168,27 @@ def _input_names(args, kwargs) -> tuple[str, ...]:
     return tuple(names)
 
 
+def _first_line(e: BaseException) -> str:
+    text = str(e).strip()
+    return f"{type(e).__name__}: {text.splitlines()[0] if text else ''}"
+
+
 def _export(model, args, kwargs, options, name) -> torch.export.ExportedProgram:
+    """torch.export in the requested mode; when that fails, the other mode is tried
+    (each captures programs the other cannot), with a warning naming the switch."""
     try:
         ep = torch.export.export(model, args, kwargs, strict=options.strict)
     except Exception as e:  # torch raises many types here; all are the user's model
-        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        hint = ("try strict=False" if options.strict else
-                "try strict=True, or rewrite data-dependent Python control flow with torch.cond")
-        raise ExportFailed(f"torch.export could not capture {name}: "
-                           f"{type(e).__name__}: {first} ({hint})") from e
+        other = not options.strict
+        try:
+            ep = torch.export.export(model, args, kwargs, strict=other)
+        except Exception as e2:
+            hint = "rewrite data-dependent Python control flow with torch.cond"
+            raise ExportFailed(
+                f"torch.export could not capture {name} in strict={options.strict} mode "
+                f"({_first_line(e)}) nor in strict={other} mode ({_first_line(e2)}); {hint}") from e
+        log.warning("torch.export failed on %s with strict=%s (%s); captured with strict=%s",
+                    name, options.strict, _first_line(e), other)
     try:
         # Functional ATen with no decompositions beyond export's own: what
         # fallback="all" runs, bit-exact with eager. Coverage-driven
@@ -137,12 +199,6 @@ def _export(model, args, kwargs, options, name) -> torch.export.ExportedProgram:
 
 
 def _check_functional(ep: torch.export.ExportedProgram) -> None:
-    sig = ep.graph_signature
-    mutated = list(sig.buffers_to_mutate.values()) + list(sig.user_inputs_to_mutate.values())
-    if mutated:
-        raise UnsupportedOp(
-            f"the model mutates {', '.join(mutated)} in forward; compiled modules are pure "
-            "functions (for BatchNorm/Dropout call model.eval(); avoid in-place updates of inputs)")
     for node in ep.graph.nodes:
         if node.op == "call_function" and "auto_functionalized" in str(node.target):
             raise UnsupportedOp("custom ops that mutate their arguments are not supported; "
@@ -150,17 +206,28 @@ def _check_functional(ep: torch.export.ExportedProgram) -> None:
                                 location=node_location(node))
 
 
-def _output_specs(ep) -> tuple[TorchTensor, ...]:
+_SCALAR_KINDS = ((torch.SymBool, "b"), (torch.SymInt, "i"), (torch.SymFloat, "f"))
+
+
+def _output_specs(ep) -> tuple[Any, ...]:
+    """One entry per output leaf (see ``ImportedProgram.outputs``)."""
     out_node = next(n for n in ep.graph.nodes if n.op == "output")
     specs = []
     for i, v in enumerate(pytree.tree_leaves(out_node.args[0])):
         val = v.meta.get("val") if isinstance(v, torch.fx.Node) else v
-        if not isinstance(val, torch.Tensor):
-            raise UnsupportedOp(f"output {i} is a {type(val).__name__}, not a tensor; compiled "
-                                "modules return tensors only")
-        if not all(isinstance(d, int) for d in val.shape):
-            raise UnsupportedOp(f"output {i} has a data-dependent shape {tuple(val.shape)}; "
-                                "compiled modules need static output shapes",
-                                location=node_location(v) if isinstance(v, torch.fx.Node) else None)
-        specs.append(TorchTensor.from_tensor(val))
+        if isinstance(val, torch.Tensor):
+            specs.append(TorchTensor.from_tensor(val))
+            continue
+        kind = next((k for t, k in _SCALAR_KINDS if isinstance(val, t)), None)
+        if kind is not None and isinstance(v, torch.fx.Node):
+            specs.append(("scalar", kind))
+            continue
+        try:
+            specs.append(("static", static_values.encode(val)))
+        except TypeError:
+            raise UnsupportedOp(f"output {i} is a {type(val).__name__}, which a compiled module "
+                                "cannot return (tensors, ints, floats, bools, strings, None, "
+                                "dtypes and lists of them can)",
+                                location=node_location(v) if isinstance(v, torch.fx.Node)
+                                else None) from None
     return tuple(specs)

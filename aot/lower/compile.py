@@ -22,10 +22,13 @@ from ..torch_tensor import TorchTensor
 import dataclasses
 import logging
 
+from ..errors import CompileFailed, UnsupportedOp
 from ..importer.program import ImportedProgram
+from . import host_program
 from .iree_compile import compile_error, first_error, try_compile
 from .partition import PartitionedProgram, partition
-from .placement import PlacementPolicy
+from .placement import KERNEL_CALL, Placement, PlacementPolicy, op_name
+from ..importer.locations import node_location
 from .fold_bn import fold_batch_norm
 from .fold_constants import fold_constants
 from .recover import blame, grow
@@ -35,6 +38,27 @@ from .targets import Target
 __all__ = ["compile_program", "compile_model"]
 log = logging.getLogger(__name__)
 _MAX_RECOVERY_ROUNDS = 4
+# IREE demotes f64 to f32 by default, which changes a function's ABI and eager's
+# precision; a program holding float64 keeps it (IREE's f64 code is exact where it
+# lowers; ops it does not lower in f64 become kernel calls by probing, as any op)
+KEEP_F64 = "--iree-input-demote-f64-to-f32=false"
+_WIDE = (torch.float64, torch.complex128)
+
+
+def _holds_f64(imported: ImportedProgram) -> bool:
+    for n in imported.exported.graph.nodes:
+        v = n.meta.get("val")
+        for t in (v if isinstance(v, (list, tuple)) else [v]):
+            if isinstance(t, torch.Tensor) and t.dtype in _WIDE:
+                return True
+    return False
+
+
+def _for_program(imported: ImportedProgram, target: Target) -> Target:
+    """The target's flags for this program (float64 kept when the program holds it)."""
+    if _holds_f64(imported) and KEEP_F64 not in target.flags:
+        return dataclasses.replace(target, flags=tuple(target.flags) + (KEEP_F64,))
+    return target
 
 
 def _iree_version() -> str:
@@ -70,12 +94,37 @@ def compile_model(imported: ImportedProgram, target: Target,
     With ``example`` (``(args, kwargs)``) and the default options, the result is
     measured end to end against whole-ATen-region candidates (``regions``).
 
+    A program compiled code cannot hold (``host_program.host_reason``), or one
+    IREE fails on however it is split, runs as one ATen region: the host program
+    (``aot.fallback.host_program``), under ``fallback="auto"`` and ``"all"``.
+
     Raises:
-        UnsupportedOp: from ``partition``.
-        CompileFailed: IREE still fails after the blamed ops moved to ATen, its
-            errors point at no compiled op, or the policy forbids fallback.
+        UnsupportedOp: from ``partition`` or ``host_program.record``; under
+            ``fallback="none"``, a program compiled code cannot hold.
+        CompileFailed: ``fallback="none"`` and IREE fails.
     """
     t0 = time.perf_counter()
+    target = _for_program(imported, target)
+    reason = host_program.host_reason(imported)
+    if reason is not None:
+        if policy.fallback == "none":
+            raise UnsupportedOp(f"fallback='none', but compiled code cannot hold this program: "
+                                f"{reason}")
+        return _host_artifact(imported, target, policy, reason, t0)
+    try:
+        return _compile_split(imported, target, policy, example, t0)
+    except (CompileFailed, UnsupportedOp) as e:
+        if policy.fallback == "none":
+            raise
+        # every program that exports runs: whatever IREE or the kernel-call boundary
+        # cannot take, the whole program runs as one ATen region
+        why = f"IREE could not compile it, however split ({e.message.strip().splitlines()[0]})"
+        log.warning("%s: running %s as one ATen region", why, imported.name)
+        return _host_artifact(imported, target, policy, why[:400], t0)
+
+
+def _compile_split(imported: ImportedProgram, target: Target, policy: PlacementPolicy,
+                   example, t0: float) -> CompiledArtifact:
     folded = 0
     if policy.fallback != "all":  # the round-trip mode stays bit-exact: no rewrites
         ep, folded = fold_constants(fold_batch_norm(imported.exported))
@@ -105,32 +154,63 @@ def compile_model(imported: ImportedProgram, target: Target,
                         note=f"(gave up after {_MAX_RECOVERY_ROUNDS} recovery rounds)\n")
 
 
+def _host_artifact(imported: ImportedProgram, target: Target, policy: PlacementPolicy,
+                   reason: str, t0: float) -> CompiledArtifact:
+    """The whole program as one ATen region run by the host (no IREE module)."""
+    entry, constants = host_program.record(imported, reason)
+    placements = [Placement(n.name, op_name(n.target), KERNEL_CALL,
+                            f"runs in the host program: {reason}", node_location(n), None,
+                            "host_program")
+                  for n in imported.exported.graph.nodes if n.op == "call_function"
+                  and isinstance(n.target, torch._ops.OpOverload)]
+    table, blob = pack_constants(constants)
+    manifest = _manifest(imported, target, policy, placements, [], None, b"", table, blob,
+                         time.perf_counter() - t0)
+    manifest["host_program"] = entry
+    return CompiledArtifact(b"", manifest, blob)
+
+
 def _artifact(p: PartitionedProgram, vmfb: bytes, seconds: float) -> CompiledArtifact:
     table, blob = pack_constants(p.host_constants)
+    manifest = _manifest(p.imported, p.target, p.policy, p.placements, p.kernel_calls,
+                         p.whole_program_call, vmfb, table, blob, seconds)
+    return CompiledArtifact(vmfb, manifest, blob)
+
+
+def _output_json(o) -> dict:
+    if isinstance(o, TorchTensor):
+        return o.to_json()
+    return {o[0]: o[1]}  # {"static": value} or {"scalar": kind}
+
+
+def _manifest(imported: ImportedProgram, target: Target, policy: PlacementPolicy, placements,
+              kernel_calls, whole_program_call, vmfb: bytes, table: dict, blob: bytes,
+              seconds: float) -> dict:
     inputs = [i.to_json() if isinstance(i, TorchTensor) else {"static": i[1]}
-              for i in p.imported.flat_inputs]
-    manifest = {
+              for i in imported.flat_inputs]
+    return {
         "format_version": FORMAT_VERSION,
-        "name": p.imported.name,
-        "target": p.target.name,
-        "driver": p.target.driver,
-        "flags": list(p.target.flags),
+        "name": imported.name,
+        "target": target.name,
+        "driver": target.driver,
+        "flags": list(target.flags),
         "torch_version": torch.__version__,
         "iree_version": _iree_version(),
         "inputs": inputs,
-        "input_names": list(p.imported.input_names),
-        "outputs": [o.to_json() for o in p.imported.outputs],
-        "in_spec": pytree.treespec_dumps(p.imported.in_spec),
-        "out_spec": pytree.treespec_dumps(p.imported.out_spec),
-        "kernel_calls": [k.to_json() for k in p.kernel_calls],
-        "placements": [pl.to_json() for pl in p.placements],
-        "policy": {"fallback": p.policy.fallback, "fallback_ops": list(p.policy.fallback_ops),
-                   "placement": p.policy.placement},
+        "input_names": list(imported.input_names),
+        "outputs": [_output_json(o) for o in imported.outputs],
+        "mutations": list(imported.mutations),
+        "returns_input": list(imported.returns_input),
+        "in_spec": pytree.treespec_dumps(imported.in_spec),
+        "out_spec": pytree.treespec_dumps(imported.out_spec),
+        "kernel_calls": [k.to_json() for k in kernel_calls],
+        "placements": [pl.to_json() for pl in placements],
+        "policy": {"fallback": policy.fallback, "fallback_ops": list(policy.fallback_ops),
+                   "placement": policy.placement},
         "executor": ExecOptions().to_json(),
-        "whole_program_call": p.whole_program_call,
+        "whole_program_call": whole_program_call,
         "compile_seconds": round(seconds, 3),
         "vmfb_sha256": hashlib.sha256(vmfb).hexdigest(),
         "host_constants": table,
         "constants_sha256": hashlib.sha256(blob).hexdigest(),
     }
-    return CompiledArtifact(vmfb, manifest, blob)

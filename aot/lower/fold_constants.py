@@ -121,8 +121,9 @@ def fold_constants(ep: torch.export.ExportedProgram) -> tuple[torch.export.Expor
         if anchor is not None:
             with g.inserting_before(anchor):
                 ph = g.placeholder(target)
-        else:
-            with g.inserting_after(placeholders[-1]):
+        else:  # after the last placeholder, or first in a program without any
+            with (g.inserting_after(placeholders[-1]) if placeholders
+                  else g.inserting_before(next(iter(g.nodes)))):
                 ph = g.placeholder(target)
             placeholders.append(ph)
         ph.meta["val"] = (fake_mode.from_tensor(value, static_shapes=True)

@@ -18,12 +18,17 @@ from ..fallback.spec import HOST_MODULE, KernelCallSpec
 from ..torch_tensor import TorchTensor
 from .kernel_call_op import NAMESPACE
 
-__all__ = ["HOST_MODULE", "outline_kernel_calls", "builtin_tensor_type"]
+__all__ = ["HOST_MODULE", "outline_kernel_calls", "builtin_tensor_type", "carried"]
 
 
 _ELEMENT = {"float32": "f32", "float64": "f64", "float16": "f16", "bfloat16": "bf16",
             "bool": "i1", "int8": "i8", "uint8": "i8", "int16": "i16", "int32": "i32",
             "int64": "i64", "complex64": "complex<f32>"}
+
+
+def carried(spec: TorchTensor) -> bool:
+    """Compiled code can hold this tensor: a static shape and a builtin element type."""
+    return not spec.is_dynamic and spec.storage_dtype in _ELEMENT
 
 
 def builtin_tensor_type(spec: TorchTensor) -> str:

@@ -90,8 +90,7 @@ def worth_measuring(imported: ImportedProgram, per_op: CompiledArtifact, target:
 def _quantized_mm(n) -> bool:
     """A quantized convolution or linear (``aot_q``), which has no FLOP formula."""
     t = n.target
-    return (isinstance(t, torch._ops.OpOverload) and t.namespace == QUANTIZED_NAMESPACE
-            and t._opname in ("conv2d", "linear"))
+    return isinstance(t, torch._ops.OpOverload) and t._schema.name in _QUANTIZED_MM
 
 
 def choose_region(per_op: CompiledArtifact, imported: ImportedProgram, target: Target,

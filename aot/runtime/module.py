@@ -18,7 +18,8 @@ import iree.runtime as rt
 from ..artifact import CompiledArtifact, load_artifact
 from ..errors import AotError, ArtifactError, InputMismatch, KernelCallFailed
 from ..fallback import static_values
-from ..fallback.executor import ExecOptions, make_host_module
+from ..fallback.executor import ExecOptions, HostModule, make_host_module
+from ..fallback.host_program import HostProgram
 from ..fallback.spec import KernelCallSpec
 from ..torch_tensor import TorchTensor, dtype_from_name
 from .device import as_storage, buffer_view_to_torch, get_device, sync_torch, torch_to_buffer_view
@@ -49,14 +50,26 @@ class CompiledModule:
         self.input_names = m.get("input_names") or [f"input {i}" for i in range(len(self.inputs))]
         self._tensor_names = [n for n, i in zip(self.input_names, self.inputs)
                               if isinstance(i, TorchTensor)]
-        self.outputs = [TorchTensor.from_json(o) for o in m["outputs"]]
-        self._out_storage = [dtype_from_name(o.storage_dtype) for o in self.outputs]
+        # one entry per output leaf: a TorchTensor (returned by the module), or a
+        # ("static", value) computed at export time, or ("scalar", kind)
+        self.outputs = [TorchTensor.from_json(o) if "dtype" in o else next(iter(o.items()))
+                        for o in m["outputs"]]
+        self._tensor_outputs = [o for o in self.outputs if isinstance(o, TorchTensor)]
+        self.outputs_static = [static_values.decode(o[1]) if isinstance(o, tuple)
+                               and o[0] == "static" else None for o in self.outputs]
+        self.mutations = m.get("mutations") or []
+        self.returns_input = m.get("returns_input") or []
+        self._out_storage = [dtype_from_name(o.storage_dtype) for o in self._tensor_outputs]
         self.in_spec = pytree.treespec_loads(m["in_spec"])
         self.out_spec = pytree.treespec_loads(m["out_spec"])
         # the common call shapes skip pytree: positional leaves in, one leaf out
         self._positional = self.in_spec == pytree.tree_structure(
             (tuple(range(len(self.inputs))), {}))
         self._one_out = self.out_spec.is_leaf()
+        # every output leaf is a tensor compiled code returns, nothing updated in place
+        self._plain = (len(self._tensor_outputs) == len(self.outputs) and not self.mutations
+                       and not any(k is not None for k in self.returns_input))
+        self.program = None  # a HostProgram, for an artifact that is one (no IREE module)
         self.kernel_calls = [KernelCallSpec.from_json(k) for k in m["kernel_calls"]]
         self.exec_options = ExecOptions.from_json(m.get("executor"))
         self.torch_device = (torch.device("cpu") if self.driver.startswith("local")
@@ -66,6 +79,13 @@ class CompiledModule:
         _live.add(self)
 
     def _open(self) -> None:
+        if self.manifest.get("host_program") is not None:
+            # one ATen region, run by the host: no IREE module, no device
+            self.program = HostProgram(self.manifest["host_program"],
+                                       self.artifact.host_constants(self.torch_device),
+                                       self.torch_device)
+            self.host = HostModule(None, None)  # type: ignore[arg-type]  (counts calls)
+            return
         self.device = get_device(self.driver)
         self.instance = rt.VmInstance()
         self.host = make_host_module(self.kernel_calls, self.device, self.driver,
@@ -116,17 +136,48 @@ class CompiledModule:
         if self.host is None:  # compiled where the target device is absent: open it now
             self._open()
         dense = self._dense_inputs(flat)
+        if self.program is not None:  # one ATen region: eager's values, eager's layouts
+            self.host.calls += 1
+            return self._user_outputs(flat, self.program.run(self._program_inputs(flat)))
         if self._direct is not None:  # a program that is one kernel call: no VM
             outs = [self._finish(t, i, o) for i, (t, o) in
-                    enumerate(zip(self._direct.run_tensors(dense), self.outputs))]
+                    enumerate(zip(self._direct.run_tensors(dense), self._tensor_outputs))]
         else:
             arg_list = rt.VmVariantList(len(dense))
             for t, name in zip(dense, self._tensor_names):
                 arg_list.push_ref(torch_to_buffer_view(self.device, t, name).ref)
-            results = rt.VmVariantList(len(self.outputs))
+            results = rt.VmVariantList(len(self._tensor_outputs))
             sync_torch(self.driver)  # inputs torch is still writing on its stream
             self._invoke(arg_list, results)
-            outs = [self._output(results, i, o) for i, o in enumerate(self.outputs)]
+            outs = [self._output(results, i, o) for i, o in enumerate(self._tensor_outputs)]
+        if not self._plain:
+            return self._user_outputs(flat, self._leaves(outs))
+        return outs[0] if self._one_out else pytree.tree_unflatten(outs, self.out_spec)
+
+    def _program_inputs(self, flat) -> list:
+        """The caller's leaves as the host program takes them (quantized: storage form)."""
+        return [want.to_storage(leaf) if isinstance(want, TorchTensor) and want.qparams
+                else leaf for leaf, want in zip(flat, self.inputs)]
+
+    def _leaves(self, tensors: list) -> list:
+        """Every output leaf: the tensors compiled code returned, the static values."""
+        it = iter(tensors)
+        return [next(it) if isinstance(o, TorchTensor) else v
+                for o, v in zip(self.outputs, self.outputs_static)]
+
+    def _user_outputs(self, flat, leaves: list):
+        """Apply in-place updates to the caller's tensors (as eager does), then the
+        user's outputs in their pytree (a mutated input returned is the caller's tensor)."""
+        n = len(self.mutations)
+        for m, value in zip(self.mutations, leaves[:n]):
+            if "input" in m:
+                dst = flat[m["input"]]
+                with torch.no_grad():
+                    dst.copy_(value)
+        outs = leaves[n:]
+        for j, k in enumerate(self.returns_input):
+            if k is not None:
+                outs[j] = flat[k]
         return outs[0] if self._one_out else pytree.tree_unflatten(outs, self.out_spec)
 
     def _dense_inputs(self, flat) -> list[torch.Tensor]:

@@ -1,0 +1,182 @@
+"""HostProgram: a whole program run by the host in ATen, node by node.
+
+Some programs cannot be held by compiled code at all: a value whose shape
+depends on the data (``nonzero``, ``masked_select``, ``unique``), a dtype IREE
+has no type for (``complex128``, ``float8``, ``uint16``...), an int/float/bool
+result only known at run time (``x.sum().item() > 0``), a buffer the model
+updates in place, or a program IREE fails on whichever way it is split. Such a
+program is *one ATen region*: the compiler records its functional graph
+(``aot.lower.host_program``) and this module runs it, the same ``torch.ops``
+overloads eager runs, on the same values, so results are eager's bit for bit.
+
+The manifest's ``host_program`` entry (JSON, no pickle)::
+
+    {"reason": "...",                      # why the program runs here (the report says it)
+     "inputs": [{"node": "x", "user": 0},  # flat user input leaf 0
+                {"node": "p", "constant": "c0"},   # a weight (host-held constant)
+                {"node": "b", "state": "c1"}],     # a buffer the model updates
+     "nodes": [{"name": "add", "target": "aten::add.Tensor", "args": [...],
+                "kwargs": {...}, "location": "model.py:12"}, ...],
+     "outputs": [...]}                     # every output leaf: mutations, then the user's
+
+Operands follow the non-tensor operand contract (``static_values``), with two
+more tags: ``{"node": name}`` (the value an earlier node computed) and
+``{"constant": name}`` (a tensor literal, stored as a host-held constant).
+Targets are ``ns::op.overload`` for ATen/library ops, or ``py:<name>`` for the
+few Python functions export emits on run-time scalars (``operator.add``,
+``torch.sym_max``...): only those in :data:`PY_FUNCTIONS` can be named.
+"""
+
+from __future__ import annotations
+
+import math
+import operator
+from typing import Any
+
+import torch
+
+from ..errors import ArtifactError, KernelCallFailed
+from . import static_values
+from .spec import resolve_op
+
+__all__ = ["HostProgram", "PY_FUNCTIONS", "py_function_name"]
+
+# the Python callables an exported graph applies to run-time scalars
+PY_FUNCTIONS: dict[str, Any] = {
+    **{f"operator.{n}": getattr(operator, n) for n in (
+        "add", "sub", "mul", "truediv", "floordiv", "mod", "pow", "neg", "pos", "abs",
+        "eq", "ne", "lt", "le", "gt", "ge", "and_", "or_", "xor", "not_", "invert",
+        "lshift", "rshift", "getitem", "truth")},
+    **{f"math.{n}": getattr(math, n) for n in (
+        "ceil", "floor", "sqrt", "exp", "log", "sin", "cos", "tan", "trunc", "isnan", "isinf")},
+    **{f"torch.{n}": getattr(torch, n) for n in (
+        "sym_float", "sym_int", "sym_max", "sym_min", "sym_not", "sym_ite", "sym_sqrt",
+        "sym_sum") if hasattr(torch, n)},
+    **{f"builtins.{n}": f for n, f in (("int", int), ("float", float), ("bool", bool),
+                                       ("max", max), ("min", min), ("abs", abs))},
+}
+_PY_NAMES = {id(f): n for n, f in PY_FUNCTIONS.items()}
+
+
+def py_function_name(fn) -> str | None:
+    """The ``py:`` name of a Python function the host program may call, or None."""
+    name = _PY_NAMES.get(id(fn))
+    return None if name is None else "py:" + name
+
+
+class _Ref:
+    """A reference to a value slot, in a decoded operand."""
+
+    __slots__ = ("slot",)
+
+    def __init__(self, slot: int):
+        self.slot = slot
+
+
+def _target(name: str):
+    if name.startswith("py:"):
+        fn = PY_FUNCTIONS.get(name[3:])
+        if fn is None:
+            raise ArtifactError(f"host program names an unknown Python function {name!r}")
+        return fn
+    op, _, overload = name.rpartition(".")
+    try:
+        return resolve_op(op, overload)
+    except LookupError as e:
+        raise ArtifactError(f"host program: {e}", op=name) from None
+
+
+class HostProgram:
+    """The ``host_program`` entry of a manifest, ready to run on ``device``.
+
+    Args:
+        data: the manifest entry (see the module docstring).
+        constants: the artifact's host-held constants, on ``device``.
+        device: where the program runs (recorded devices are re-targeted to it).
+    Raises:
+        ArtifactError: an unknown op or constant, or a malformed entry.
+    """
+
+    def __init__(self, data: dict, constants: dict[str, torch.Tensor], device: torch.device):
+        self.reason = data.get("reason", "")
+        self.device = device
+        slots: dict[str, int] = {}
+        self.n_slots = 0
+
+        def slot(name: str) -> int:
+            if name not in slots:
+                slots[name] = self.n_slots
+                self.n_slots += 1
+            return slots[name]
+
+        def const(name: str) -> torch.Tensor:
+            if name not in constants:
+                raise ArtifactError(f"host program: constant {name!r} is missing from the "
+                                    "artifact")
+            return constants[name]
+
+        def operand(a):
+            if isinstance(a, dict) and "node" in a:
+                if a["node"] not in slots:
+                    raise ArtifactError(f"host program reads {a['node']!r} before it is made")
+                return _Ref(slots[a["node"]])
+            if isinstance(a, dict) and "constant" in a:
+                return const(a["constant"])
+            if isinstance(a, dict) and len(a) == 1 and next(iter(a)) in ("list", "tuple"):
+                (tag, v), = a.items()
+                items = [operand(x) for x in v]
+                return tuple(items) if tag == "tuple" else items
+            try:
+                return static_values.decode(a, device=device)
+            except (ValueError, KeyError, TypeError) as e:
+                raise ArtifactError(f"host program: bad operand {a!r}: {e}") from None
+
+        self.user_slots: list[tuple[int, int]] = []   # (slot, flat input leaf)
+        self.fixed: list[tuple[int, torch.Tensor]] = []
+        self.state: dict[str, torch.Tensor] = {}       # buffers the program updates
+        self.state_slots: list[tuple[int, str]] = []
+        for i in data["inputs"]:
+            s = slot(i["node"])
+            if "user" in i:
+                self.user_slots.append((s, int(i["user"])))
+            elif "constant" in i:
+                self.fixed.append((s, const(i["constant"])))
+            else:  # a buffer: this module's own copy, updated after every call
+                self.state[i["state"]] = const(i["state"]).clone()
+                self.state_slots.append((s, i["state"]))
+        self.steps = []
+        for n in data["nodes"]:
+            fn = _target(n["target"])
+            args = tuple(operand(a) for a in n["args"])
+            kwargs = {k: operand(v) for k, v in n["kwargs"].items()}
+            self.steps.append((slot(n["name"]), fn, args, kwargs, n["target"], n.get("location")))
+        self.outputs = [operand(o) for o in data["outputs"]]
+        self.buffer_updates = [(k, m["buffer"]) for k, m in enumerate(data.get("mutations", []))
+                               if "buffer" in m]
+
+    def run(self, flat: list) -> list:
+        """Every output leaf (mutations first, then the user's) for the flat inputs."""
+        env: list = [None] * self.n_slots
+        for s, k in self.user_slots:
+            env[s] = flat[k]
+        for s, t in self.fixed:
+            env[s] = t
+        for s, name in self.state_slots:
+            env[s] = self.state[name]
+
+        def value(a):
+            if a.__class__ is _Ref:
+                return env[a.slot]
+            if a.__class__ in (list, tuple):
+                return a.__class__(value(x) for x in a)
+            return a
+        for s, fn, args, kwargs, name, loc in self.steps:
+            try:
+                env[s] = fn(*[value(a) for a in args], **{k: value(v) for k, v in kwargs.items()})
+            except Exception as e:
+                raise KernelCallFailed(f"ATen raised {type(e).__name__}: {e}", op=name,
+                                       location=loc) from e
+        outs = [value(o) for o in self.outputs]
+        for k, name in self.buffer_updates:  # what the model wrote into its buffers
+            self.state[name] = outs[k]
+        return outs
