@@ -22,7 +22,7 @@ from ..torch_tensor import TorchTensor
 import dataclasses
 import logging
 
-from ..errors import CompileFailed, UnsupportedOp
+from ..errors import AotError, CompileFailed, UnsupportedOp
 from ..importer.program import ImportedProgram
 from . import host_program
 from .iree_compile import compile_error, first_error, try_compile
@@ -113,12 +113,19 @@ def compile_model(imported: ImportedProgram, target: Target,
         return _host_artifact(imported, target, policy, reason, t0)
     try:
         return _compile_split(imported, target, policy, example, t0)
-    except (CompileFailed, UnsupportedOp) as e:
-        if policy.fallback == "none":
+    except Exception as e:
+        if isinstance(e, AotError) and not isinstance(e, (CompileFailed, UnsupportedOp)):
             raise
-        # every program that exports runs: whatever IREE or the kernel-call boundary
-        # cannot take, the whole program runs as one ATen region
-        why = f"IREE could not compile it, however split ({e.message.strip().splitlines()[0]})"
+        text = e.message if isinstance(e, AotError) else f"{type(e).__name__}: {e}"
+        first = (text.strip().splitlines() or [type(e).__name__])[0]
+        if policy.fallback == "none":
+            if isinstance(e, AotError):
+                raise
+            raise CompileFailed(f"importing or partitioning {imported.name} failed: {first}"
+                                ) from e
+        # every program that exports runs: whatever the importer, IREE or the kernel-call
+        # boundary cannot take, the whole program runs as one ATen region
+        why = f"IREE could not compile it, however split ({first})"
         log.warning("%s: running %s as one ATen region", why, imported.name)
         return _host_artifact(imported, target, policy, why[:400], t0)
 

@@ -206,11 +206,25 @@ def _decompose_uncovered(ep, target, policy, cache, kept: dict):
         tried.update(table)
         try:
             log.info("decomposing ops IREE does not lower: %s", sorted(map(op_name, table)))
-            ep = ep.run_decompositions(table)
+            decomposed = ep.run_decompositions(table)
         except Exception as e:  # a decomposition torch cannot apply: keep the op as a kernel call
             log.info("decomposition failed (%s); keeping those ops as kernel calls", e)
             return ep, verdicts
+        if _output_types(decomposed) != _output_types(ep):
+            # a decomposition whose ops' metadata disagree with the op (torch's
+            # prims.signbit says float32 where signbit returns bool): keep the ops
+            log.info("decomposing %s changes the program's output types; keeping them as "
+                     "kernel calls", sorted(map(op_name, table)))
+            return ep, verdicts
+        ep = decomposed
     return ep, probe_nodes(_op_nodes(ep), target, cache)
+
+
+def _output_types(ep) -> list:
+    out = next(n for n in ep.graph.nodes if n.op == "output")
+    return [(v.dtype, tuple(v.shape)) if isinstance(v, torch.Tensor) else type(v).__name__
+            for v in (a.meta.get("val") if isinstance(a, torch.fx.Node) else a
+                      for a in torch.utils._pytree.tree_leaves(out.args[0]))]
 
 
 def _measure_before_decomposing(op, policy: PlacementPolicy, target: Target) -> bool:
@@ -252,9 +266,44 @@ def _costs(ep, target: Target, policy: PlacementPolicy, verdicts) -> dict:
     return measure_nodes(heavy, target, CostCache(target))
 
 
+# Ops IREE lowers to an update in place of their first operand (destination-passing
+# scatters). IREE 3.13 does that in place even when the operand is a model input,
+# a buffer it imported from the caller: the caller's tensor is overwritten (index_put,
+# scatter_add) or the call fails with PERMISSION_DENIED (select_scatter). Measured with
+# benchmarks/opinfo_coverage.py; such an op on a model input's storage runs in ATen.
+WRITES_IN_PLACE = {f"aten::{n}" for n in (
+    "index_put", "_unsafe_index_put", "index_add", "index_copy", "index_fill", "index_reduce",
+    "scatter", "scatter_add", "scatter_reduce", "masked_scatter", "put", "select_scatter",
+    "slice_scatter", "diagonal_scatter", "as_strided_scatter",
+    "_unsafe_masked_index_put_accumulate")}
+_IN_PLACE_REASON = ("IREE 3.13 would write its result into the caller's input buffer "
+                    "(an in-place scatter into memory it imported)")
+
+
+# copies IREE folds away, so the scatter lands in the copied input's buffer
+_FOLDED_COPIES = {"aten::clone", "aten::alias", "aten::_to_copy", "aten::lift_fresh_copy",
+                  "aten::contiguous", "aten::copy"}
+
+
+def _updates_input(n: torch.fx.Node, user_inputs: set) -> bool:
+    """``n`` scatters into a model input's storage (through views and copies of it)."""
+    if not isinstance(n.target, torch._ops.OpOverload) or \
+            n.target._schema.name not in WRITES_IN_PLACE or not n.args:
+        return False
+    a = n.args[0]
+    while isinstance(a, torch.fx.Node) and a.op == "call_function" and \
+            isinstance(a.target, torch._ops.OpOverload) and a.args and \
+            (a.target._schema.name in _FOLDED_COPIES or (
+                a.target._schema.returns and a.target._schema.returns[0].alias_info is not None)):
+        a = a.args[0]  # a view (the same storage), or a copy IREE elides
+    return isinstance(a, torch.fx.Node) and a.name in user_inputs
+
+
 def _place(ep, policy: PlacementPolicy, verdicts: dict[str, Verdict], demoted: dict[str, str],
            costs: dict | None = None, kept: dict | None = None):
     placements, decided = [], {}
+    user_inputs = {s.arg.name for s in ep.graph_signature.input_specs
+                   if s.kind.name == "USER_INPUT"}
     for n in _op_nodes(ep):
         name = op_name(n.target)
         if not isinstance(n.target, torch._ops.OpOverload):
@@ -266,6 +315,8 @@ def _place(ep, policy: PlacementPolicy, verdicts: dict[str, Verdict], demoted: d
         elif n.name in demoted:
             where, why = KERNEL_CALL, ("lowers alone, but IREE failed on it fused with its "
                                        f"neighbours: {demoted[n.name]}")
+        elif _updates_input(n, user_inputs):
+            where, why = KERNEL_CALL, _IN_PLACE_REASON
         else:
             v = verdicts[op_signature(n)]
             where, why = (COMPILED, "lowered by IREE") if v.covered else (KERNEL_CALL, v.reason)
