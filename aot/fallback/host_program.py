@@ -13,8 +13,9 @@ The manifest's ``host_program`` entry (JSON, no pickle)::
 
     {"reason": "...",                      # why the program runs here (the report says it)
      "inputs": [{"node": "x", "user": 0},  # flat user input leaf 0
-                {"node": "p", "constant": "c0"},   # a weight (host-held constant)
-                {"node": "b", "state": "c1"}],     # a buffer the model updates
+                {"node": "p", "constant": "c0", "strides": [...]},  # a weight, eager's layout
+                {"node": "b", "state": "c1", "buffer": "n", "strides": [...]}],
+                                                   # a buffer the model updates
      "nodes": [{"name": "add", "target": "aten::add.Tensor", "args": [...],
                 "kwargs": {...}, "location": "model.py:12"}, ...],
      "outputs": [...]}                     # every output leaf: mutations, then the user's
@@ -133,17 +134,24 @@ class HostProgram:
 
         self.user_slots: list[tuple[int, int]] = []   # (slot, flat input leaf)
         self.fixed: list[tuple[int, torch.Tensor]] = []
-        self.state: dict[str, torch.Tensor] = {}       # buffers the program updates
+        self.state: dict[str, torch.Tensor] = {}       # buffers the program updates, by name
         self.state_slots: list[tuple[int, str]] = []
+
+        def laid_out(t: torch.Tensor, strides) -> torch.Tensor:
+            """The constant with eager's strides (stored dense)."""
+            if strides is None or tuple(strides) == t.stride():
+                return t
+            return torch.empty_strided(t.shape, strides, dtype=t.dtype, device=t.device).copy_(t)
+
         for i in data["inputs"]:
             s = slot(i["node"])
             if "user" in i:
                 self.user_slots.append((s, int(i["user"])))
             elif "constant" in i:
-                self.fixed.append((s, const(i["constant"])))
+                self.fixed.append((s, laid_out(const(i["constant"]), i.get("strides"))))
             else:  # a buffer: this module's own copy, updated after every call
-                self.state[i["state"]] = const(i["state"]).clone()
-                self.state_slots.append((s, i["state"]))
+                self.state[i["buffer"]] = laid_out(const(i["state"]).clone(), i.get("strides"))
+                self.state_slots.append((s, i["buffer"]))
         self.steps = []
         for n in data["nodes"]:
             fn = _target(n["target"])

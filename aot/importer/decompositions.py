@@ -30,11 +30,19 @@ def register_decomposition(op: torch._ops.OpOverload):
     return wrap
 
 
+# torch decompositions whose ops' metadata disagree with what their kernels return
+# (``prims.signbit`` is recorded as float32, its kernel returns bool): a kernel call
+# of such an op would not match its recorded result, so the op stays whole
+_UNRELIABLE = {aten.signbit.default}
+
+
 def decomposition_for(op) -> Callable | None:
     """Our decomposition if we have one, else torch's (if functional), else None."""
     from . import int8_decompositions  # noqa: F401  (registers the aot_q lowerings)
     if op in IREE_DECOMPOSITIONS:
         return IREE_DECOMPOSITIONS[op]
+    if op in _UNRELIABLE:
+        return None
     from torch._decomp import decomposition_table
     return decomposition_table.get(op)
 

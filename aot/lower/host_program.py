@@ -32,6 +32,11 @@ def _values(v):
         yield v
 
 
+# ops whose result depends on their operand's storage and strides, not only its
+# values: compiled code and kernel calls hold dense copies, so they run on eager's
+STORAGE_OPS = {"aten::as_strided", "aten::as_strided_copy", "aten::as_strided_scatter"}
+
+
 def host_reason(imported: ImportedProgram) -> str | None:
     """Why compiled code cannot hold this program, or None when it can."""
     if any(o[0] == "scalar" for o in imported.outputs if isinstance(o, tuple)):
@@ -40,6 +45,9 @@ def host_reason(imported: ImportedProgram) -> str | None:
         return (f"the model updates its buffer {imported.mutations[0].get('buffer', '')!r} in "
                 "place: the host keeps it")
     for n in imported.exported.graph.nodes:
+        if isinstance(n.target, torch._ops.OpOverload) and n.target._schema.name in STORAGE_OPS:
+            return (f"{n.name} ({_op(n)}, {node_location(n) or 'unknown location'}) reads its "
+                    "operand's storage and strides, which only eager's tensors have")
         for v in _values(n.meta.get("val")):
             if not isinstance(v, torch.Tensor):
                 continue
@@ -109,8 +117,13 @@ def record(imported: ImportedProgram, reason: str) -> tuple[dict, dict[str, torc
     for n in ep.graph.nodes:
         if n.op == "placeholder":
             if n.name in lifted:
-                key = "state" if lifted[n.name] in mutated else "constant"
-                inputs.append({"node": n.name, key: constant(state[lifted[n.name]])})
+                t = state[lifted[n.name]]
+                entry = {"node": n.name, "strides": list(t.stride())}  # eager's layout
+                if lifted[n.name] in mutated:
+                    entry.update(state=constant(t), buffer=lifted[n.name])
+                else:
+                    entry["constant"] = constant(t)
+                inputs.append(entry)
             elif n.name in user:
                 inputs.append({"node": n.name, "user": user.index(n.name)})
         elif n.op == "call_function":

@@ -139,26 +139,33 @@ def test_runtime_scalars_cross_kernel_calls(mode):
             torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
 
 
-def test_runtime_scalar_list_operand_is_a_clear_error():
+def test_runtime_scalar_list_operand_runs_as_one_aten_region():
     class M(torch.nn.Module):
         def forward(self, x, n):
             return torch.roll(x, shifts=[n.item()])  # int[] holding a run-time value
 
-    with pytest.raises(aot.UnsupportedOp) as e:
-        aot.compile(M(), (torch.randn(3), torch.tensor(2)), fallback="all")
-    msg = str(e.value)
-    assert "aten.roll" in msg and "run time" in msg and "test_kernel_calls.py" in msg
+    # a kernel call cannot record a list holding a run-time value: the whole program
+    # runs in ATen (the host program), following the run-time value, bit-exact
+    cm = aot.compile(M(), (torch.randn(3), torch.tensor(2)), fallback="all")
+    assert "host_program" in cm.manifest and "aten.roll" in cm.manifest["host_program"]["reason"]
+    x = torch.randn(5)
+    for n in (1, 3, -2):
+        torch.testing.assert_close(cm(x, torch.tensor(n)), M()(x, torch.tensor(n)), rtol=0, atol=0)
 
 
-def test_data_dependent_output_shape_is_a_clear_error():
+def test_data_dependent_output_shape_runs_with_its_run_time_shape():
     class M(torch.nn.Module):
         def forward(self, x, n):
             k = n.item()
             torch._check(k > 0)
             return torch.zeros(k, 2) + x.sum()
 
-    with pytest.raises(aot.UnsupportedOp, match="data-dependent shape"):
-        aot.compile(M(), (torch.randn(3), torch.tensor(2)))
+    cm = aot.compile(M(), (torch.randn(3), torch.tensor(2)))
+    x = torch.randn(3)
+    for n in (2, 5):  # the output's shape follows the data
+        torch.testing.assert_close(cm(x, torch.tensor(n)), M()(x, torch.tensor(n)), rtol=0, atol=0)
+    with pytest.raises(aot.UnsupportedOp, match="shape only known at run time"):
+        aot.compile(M(), (torch.randn(3), torch.tensor(2)), fallback="none")
 
 
 class Neighbours(torch.nn.Module):

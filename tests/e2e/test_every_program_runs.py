@@ -1,0 +1,227 @@
+"""Every program that exports runs: one test per class of program that used to fail.
+
+Tolerances: integers, bools and every ``fallback="all"`` run are exact; float32
+under ``"auto"`` rtol 1e-5 / atol 1e-6 (IREE's own reassociation and math);
+float64 under ``"auto"`` rtol 1e-12 / atol 1e-12 (IREE keeps f64; ops it does not
+lower in f64 run in ATen). Each case is compared with eager, outputs and inputs.
+"""
+
+import pytest
+import torch
+
+import aot
+
+MODES = ("auto", "all")
+
+
+class Fn(torch.nn.Module):
+    def __init__(self, fn):
+        super().__init__()
+        self.fn = fn
+
+    def forward(self, *args):
+        return self.fn(*args)
+
+
+def _close(got, want, mode):
+    if isinstance(want, torch.Tensor) and want.dtype == torch.float64 and mode == "auto":
+        torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12, equal_nan=True)
+    elif mode == "all" or not isinstance(want, torch.Tensor) or not want.is_floating_point():
+        torch.testing.assert_close(got, want, rtol=0, atol=0, equal_nan=True)
+    else:
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6, equal_nan=True)
+
+
+def check(fn, args, mode, calls=2):
+    """Compile ``fn``, then compare outputs and (updated) inputs with eager, twice."""
+    cm = aot.compile(Fn(fn).eval(), tuple(a.clone() for a in args), fallback=mode)
+    for _ in range(calls):
+        got_in = [a.clone() for a in args]
+        want_in = [a.clone() for a in args]
+        got, want = cm(*got_in), fn(*want_in)
+        assert type(got) is type(want)
+        if isinstance(want, (tuple, list)):
+            assert len(got) == len(want)
+            for g, w in zip(got, want):
+                assert type(g) is type(w)
+                _close(g, w, mode)
+        else:
+            _close(got, want, mode)
+        for g, w in zip(got_in, want_in):
+            _close(g, w, mode)
+    return cm
+
+
+# 1. no tensor inputs
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("fn", [lambda: torch.ones(3, 4), lambda: torch.arange(7),
+                                lambda: torch.eye(3), lambda: torch.full((2, 2), 1.5),
+                                lambda: torch.tril_indices(4, 3)],
+                         ids=["ones", "arange", "eye", "full", "tril_indices"])
+def test_no_tensor_inputs(fn, mode):
+    check(fn, (), mode)
+
+
+def test_no_tensor_inputs_empty_has_eagers_shape_and_dtype():
+    cm = aot.compile(Fn(lambda: torch.empty(2, 3, dtype=torch.int64)), ())
+    out = cm()
+    assert out.shape == (2, 3) and out.dtype == torch.int64
+
+
+# 2. float64 and complex128
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("fn", [lambda x: x.double() * 2,
+                                lambda x: torch.softmax(x, 1, dtype=torch.float64),
+                                lambda x: x.double().sum(0).exp(),
+                                lambda x: torch.tanh(x.double()) + 1],
+                         ids=["double", "softmax", "sum_exp", "tanh"])
+def test_float64_is_kept(fn, mode):
+    cm = check(fn, (torch.randn(3, 4),), mode)
+    if mode == "auto":
+        assert "--iree-input-demote-f64-to-f32=false" in cm.manifest["flags"]
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_complex128_and_float8_cross_the_boundary(mode):
+    check(lambda x: (x.to(torch.complex128) * (1 + 2j)).abs(), (torch.randn(3, 4),), mode)
+    check(lambda x: x * (2 - 1j), (torch.randn(3, dtype=torch.complex128),), mode)
+    check(lambda x: x.to(torch.float8_e4m3fn).float(), (torch.randn(8),), mode)
+
+
+# 3. in-place updates of inputs (and buffers)
+def _setitem(x):
+    x[1] = 5.0
+    return x
+
+
+def _copy_slice(x, y):
+    x[:, 1:3].copy_(y)
+    return x.sum()
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("fn,args", [
+    (lambda x: x.fill_(2.0), (torch.randn(3, 4),)),
+    (_setitem, (torch.randn(3, 4),)),
+    (lambda x, i, v: x.index_put_((i,), v), (torch.randn(5), torch.tensor([0, 3]),
+                                             torch.randn(2))),
+    (_copy_slice, (torch.randn(3, 4), torch.randn(3, 2))),
+    (lambda x, y, z: torch.add(x, y, out=z), (torch.randn(4), torch.randn(4), torch.empty(4))),
+], ids=["fill_", "setitem", "index_put_", "copy_slice", "out="])
+def test_in_place_updates_reach_the_callers_tensors(fn, args, mode):
+    check(fn, args, mode)
+
+
+def test_mutated_input_returned_is_the_callers_tensor():
+    cm = aot.compile(Fn(lambda x: x.mul_(2)), (torch.randn(3),))
+    x = torch.randn(3)
+    assert cm(x) is x
+
+
+class Counter(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("n", torch.zeros(2))
+
+    def forward(self, x):
+        self.n.add_(1)
+        return x + self.n
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_buffer_updates_persist_across_calls(mode):
+    cm = aot.compile(Counter(), (torch.randn(2),), fallback=mode)
+    eager = Counter()
+    for _ in range(3):
+        x = torch.randn(2)
+        torch.testing.assert_close(cm(x), eager(x), rtol=0, atol=0)
+    assert "buffer" in cm.manifest["host_program"]["reason"]
+
+
+# 4. non-tensor outputs
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("fn", [lambda x: x.shape[0] > 2, lambda x: (x * 2, x.shape[1]),
+                                lambda x: (x.sum().item() > 0, x + 1),
+                                lambda x: x.sum().item()],
+                         ids=["shape_bool", "tensor_and_int", "item_bool", "item_float"])
+def test_non_tensor_outputs(fn, mode):
+    check(fn, (torch.randn(3, 4),), mode)
+
+
+# 5. data-dependent output shapes
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("fn", [lambda x: torch.nonzero(x > 0), lambda x: x[x > 0],
+                                lambda x: torch.masked_select(x, x > 0.5),
+                                lambda x: torch.unique(x.round()),
+                                lambda x: torch.nonzero(x > 0).float().sum(0) + x[0, :2]],
+                         ids=["nonzero", "bool_index", "masked_select", "unique", "then_compute"])
+def test_data_dependent_shapes(fn, mode):
+    cm = check(fn, (torch.randn(4, 5),), mode)
+    x = torch.randn(4, 5) + 0.3  # another input: another output shape
+    _close(cm(x), fn(x), mode)
+
+
+# 6. ops whose meaning depends on storage and strides
+class ChannelsLastParam(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.w = torch.nn.Parameter(torch.randn(1, 3, 2, 2).contiguous(
+            memory_format=torch.channels_last), requires_grad=False)
+
+    def forward(self, x):
+        return self.w.as_strided((3, 4), (1, 3)) + x
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_as_strided_sees_eagers_storage(mode):
+    check(lambda x: torch.diagonal(x).as_strided((2,), (2,)), (torch.randn(3, 4),), mode)
+    check(lambda x: x.t().as_strided((2, 2), (1, 4), 1), (torch.randn(3, 4),), mode)
+    m = ChannelsLastParam()
+    cm = aot.compile(m, (torch.randn(3, 4),), fallback=mode)
+    x = torch.randn(3, 4)
+    _close(cm(x), m(x), mode)
+
+
+# 7. expanded results written later
+@pytest.mark.parametrize("mode", MODES)
+def test_expanded_result_written_later(mode):
+    def fn(x):
+        y = x[:1].expand(3, 4)
+        z = y.clone()
+        z[0, 0] = 1.0
+        return y + z
+
+    check(fn, (torch.randn(3, 4),), mode)
+    check(lambda x: x.expand(3, 4).contiguous().add_(1), (torch.randn(1, 4),), mode)
+
+
+# 8. smaller defects
+@pytest.mark.parametrize("mode", MODES)
+def test_signbit_result_is_bool(mode):
+    check(lambda x: torch.signbit(x), (torch.randn(3, 4),), mode)
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_index_put_with_a_literal_index_list(mode):
+    check(lambda x, v: torch.index_put(x, (torch.tensor([0]),), v), (torch.randn(3, 4),
+                                                                       torch.randn(4)), mode)
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_scatter_into_an_input_leaves_the_input_alone(mode):
+    # IREE 3.13 writes such scatters into the caller's buffer: they run in ATen
+    check(lambda x, i, s: torch.index_add(x, 0, i, s),
+          (torch.randn(3, 4), torch.tensor([0, 2]), torch.randn(2, 4)), mode)
+    check(lambda x, s: torch.select_scatter(x.clone(), s, 0, 1), (torch.randn(3, 4),
+                                                                   torch.randn(4)), mode)
+
+
+def test_capture_falls_back_to_the_other_export_mode():
+    class DataDependentBranch(torch.nn.Module):
+        def forward(self, x):
+            if x.sum() > 0:  # data-dependent Python control flow: neither mode captures it
+                return x + 1
+            return x - 1
+
+    with pytest.raises(aot.ExportFailed, match="strict=True.*strict=False|strict=False.*strict"):
+        aot.compile(DataDependentBranch(), (torch.randn(3),))
