@@ -33,7 +33,7 @@ def register_decomposition(op: torch._ops.OpOverload):
 # torch decompositions whose ops' metadata disagree with what their kernels return
 # (``prims.signbit`` is recorded as float32, its kernel returns bool): a kernel call
 # of such an op would not match its recorded result, so the op stays whole
-_UNRELIABLE = {aten.signbit.default}
+_UNRELIABLE = {aten.signbit.default, aten.copysign.Tensor, aten.copysign.Scalar}
 
 
 def decomposition_for(op) -> Callable | None:

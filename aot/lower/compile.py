@@ -116,7 +116,7 @@ def compile_model(imported: ImportedProgram, target: Target,
     except Exception as e:
         if isinstance(e, AotError) and not isinstance(e, (CompileFailed, UnsupportedOp)):
             raise
-        text = e.message if isinstance(e, AotError) else f"{type(e).__name__}: {e}"
+        text = str(e) if isinstance(e, AotError) else f"{type(e).__name__}: {e}"
         first = (text.strip().splitlines() or [type(e).__name__])[0]
         if policy.fallback == "none":
             if isinstance(e, AotError):

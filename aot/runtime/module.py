@@ -224,9 +224,7 @@ class CompiledModule:
         """A dense result in storage form -> the tensor eager returns."""
         t = as_storage(t, self._out_storage[i])
         if not spec.is_contiguous:
-            # Give back the layout eager returns (e.g. channels-last or a transpose).
-            out = torch.empty_strided(spec.shape, spec.strides, dtype=t.dtype, device=t.device)
-            t = out.copy_(t)
+            t = _eager_layout(t, spec)
         return spec.from_storage(t)  # quantized outputs: the qparams eager returns
 
     def _structure_error(self, args, kwargs) -> str:
@@ -247,6 +245,22 @@ class CompiledModule:
         m = self.manifest
         return (f"<CompiledModule {m['name']} target={m['target']} "
                 f"kernel_calls={len(self.kernel_calls)}>")
+
+
+def _eager_layout(t: torch.Tensor, spec: TorchTensor) -> torch.Tensor:
+    """A dense result laid out with the strides eager returns (channels-last, a
+    transpose, a slice). A stride-0 dimension (an expanded result) is rebuilt as
+    eager's view: one slice stored, expanded, so that writing to it fails as in eager."""
+    zero = [d for d, (n, st) in enumerate(zip(spec.shape, spec.strides)) if st == 0 and n > 1]
+    src = t
+    for d in zero:
+        src = src.narrow(d, 0, 1)
+    strides = [1 if d in zero else st for d, st in enumerate(spec.strides)]
+    try:
+        out = torch.empty_strided(src.shape, strides, dtype=t.dtype, device=t.device).copy_(src)
+    except RuntimeError:  # strides that overlap otherwise (as_strided): keep it dense
+        out = src.contiguous()
+    return out.expand(spec.shape) if zero else out
 
 
 def load(path: str) -> CompiledModule:
