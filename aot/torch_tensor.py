@@ -105,6 +105,14 @@ def _contiguous_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
     return tuple(reversed(strides))
 
 
+# Layouts the boundary describes: dense (strided) and torch's sparse formats.
+_LAYOUTS: dict[str, torch.layout] = {
+    "strided": torch.strided, "sparse_coo": torch.sparse_coo, "sparse_csr": torch.sparse_csr,
+    "sparse_csc": torch.sparse_csc, "sparse_bsr": torch.sparse_bsr,
+    "sparse_bsc": torch.sparse_bsc}
+_LAYOUT_NAMES: dict[torch.layout, str] = {v: k for k, v in _LAYOUTS.items()}
+
+
 @dataclass(frozen=True)
 class TorchTensor:
     """dtype, shape, strides and quantization parameters of one tensor.
@@ -123,20 +131,36 @@ class TorchTensor:
     shape: tuple[int, ...]
     strides: tuple[int, ...]
     qparams: QuantParams | None = None
+    layout: str = "strided"
 
     def __post_init__(self):
         assert self.dtype in _DTYPES, self.dtype
         assert len(self.shape) == len(self.strides), (self.shape, self.strides)
+        assert self.layout in _LAYOUTS, self.layout
 
     @staticmethod
     def from_tensor(t: torch.Tensor) -> "TorchTensor":
-        """Describe a real or fake tensor (a data-dependent dimension becomes ``None``)."""
+        """Describe a real or fake tensor (a data-dependent dimension becomes ``None``).
+
+        A sparse tensor (``layout`` other than ``"strided"``) has no strides: they
+        are all ``None``, and only the host (ATen) ever holds it.
+        """
         shape = tuple(_static_int(s) for s in t.shape)
-        strides = tuple(_static_int(s) for s in t.stride())
+        layout = _LAYOUT_NAMES.get(t.layout)
+        if layout is None:
+            raise InputMismatch(f"tensor layout {t.layout} is not supported at the boundary; "
+                                f"supported: {sorted(_LAYOUTS)}")
+        strides = (tuple(_static_int(s) for s in t.stride()) if layout == "strided"
+                   else (None,) * len(shape))
         if None in shape or None in strides:
             strides = (None,) * len(shape)
         qp = QuantParams.from_tensor(t) if t.is_quantized and t.device.type != "meta" else None
-        return TorchTensor(dtype_name(t.dtype), shape, strides, qp)
+        return TorchTensor(dtype_name(t.dtype), shape, strides, qp, layout)
+
+    @property
+    def is_sparse(self) -> bool:
+        """A sparse layout (COO, CSR, CSC, BSR, BSC): ATen holds it, never compiled code."""
+        return self.layout != "strided"
 
     @cached_property
     def torch_dtype(self) -> torch.dtype:
@@ -154,6 +178,8 @@ class TorchTensor:
     @cached_property
     def is_contiguous(self) -> bool:
         """Row-major dense (size-1 dims may have any stride, as in torch)."""
+        if self.is_sparse:
+            return False
         if self.is_dynamic:
             return True  # whatever layout ATen gives it
         expect = _contiguous_strides(self.shape)
@@ -161,6 +187,8 @@ class TorchTensor:
 
     @cached_property
     def memory_format(self) -> str:
+        if self.is_sparse:
+            return self.layout
         if self.is_contiguous:
             return "contiguous"
         if len(self.shape) == 4 and _same_layout(self, torch.channels_last):
@@ -199,7 +227,7 @@ class TorchTensor:
 
     def dense(self) -> "TorchTensor":
         """The same tensor laid out row-major, as compiled code holds it."""
-        if self.is_dynamic:
+        if self.is_dynamic or self.is_sparse:
             return self
         return TorchTensor(self.dtype, self.shape, _contiguous_strides(self.shape), self.qparams)
 
@@ -209,12 +237,25 @@ class TorchTensor:
         Strides are checked by memory format: a channels-last input where a
         contiguous one was compiled for (or the reverse) is an error, not a copy.
         """
-        if (isinstance(t, torch.Tensor) and t.dtype == self.torch_dtype and self.qparams is None
+        if (isinstance(t, torch.Tensor) and t.layout == torch.strided
+                and t.dtype == self.torch_dtype and self.qparams is None
                 and t.shape == self.shape and t.stride() == self.strides):
             return  # exactly as compiled (the common case, checked in a few attribute reads)
         if not isinstance(t, torch.Tensor):
             raise InputMismatch(f"{name}: expected a torch.Tensor {self.short()}, "
                                 f"got {type(t).__name__}")
+        got_layout = _LAYOUT_NAMES.get(t.layout, str(t.layout))
+        if got_layout != self.layout:
+            raise InputMismatch(f"{name}: layout mismatch: expected {self.layout}, "
+                                f"got {got_layout}")
+        if self.is_sparse:
+            if tuple(t.shape) != self.shape:
+                raise InputMismatch(f"{name}: shape mismatch: expected {list(self.shape)}, "
+                                    f"got {list(t.shape)}")
+            if t.dtype != self.torch_dtype:
+                raise InputMismatch(f"{name}: dtype mismatch: expected {self.dtype}, "
+                                    f"got {str(t.dtype).replace('torch.', '')}")
+            return
         if self.is_dynamic:
             if t.dim() != len(self.shape) or any(
                     d is not None and d != g for d, g in zip(self.shape, t.shape)):
@@ -243,19 +284,25 @@ class TorchTensor:
         return "[" + ", ".join("?" if d is None else str(d) for d in self.shape) + "]"
 
     def short(self) -> str:
+        if self.is_sparse:
+            return f"{self.dtype}{self._dims()}, {self.layout}"
         q = f", {self.qparams.scheme}" if self.qparams else ""
         mf = "" if self.memory_format == "contiguous" else f", {self.memory_format}"
         return f"{self.dtype}{self._dims()}{mf}{q}"
 
     def to_json(self) -> dict[str, Any]:
-        return {"dtype": self.dtype, "shape": list(self.shape), "strides": list(self.strides),
-                "qparams": self.qparams.to_json() if self.qparams else None}
+        d = {"dtype": self.dtype, "shape": list(self.shape), "strides": list(self.strides),
+             "qparams": self.qparams.to_json() if self.qparams else None}
+        if self.is_sparse:
+            d["layout"] = self.layout
+        return d
 
     @staticmethod
     def from_json(d: dict[str, Any]) -> "TorchTensor":
         qp = d.get("qparams")
         return TorchTensor(d["dtype"], tuple(d["shape"]), tuple(d["strides"]),
-                           QuantParams.from_json(qp) if qp else None)
+                           QuantParams.from_json(qp) if qp else None,
+                           d.get("layout", "strided"))
 
 
 def _static_int(s) -> int | None:

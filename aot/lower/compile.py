@@ -25,7 +25,7 @@ import logging
 from ..errors import AotError, CompileFailed, UnsupportedOp
 from ..importer.program import ImportedProgram
 from . import host_program
-from .iree_compile import compile_error, first_error, try_compile
+from .iree_compile import compile_error, discard_dump, first_error, try_compile
 from .partition import PartitionedProgram, partition
 from .placement import KERNEL_CALL, Placement, PlacementPolicy, op_name
 from ..importer.locations import node_location
@@ -125,6 +125,7 @@ def compile_model(imported: ImportedProgram, target: Target,
                                 ) from e
         # every program that exports runs: whatever the importer, IREE or the kernel-call
         # boundary cannot take, the whole program runs as one ATen region
+        discard_dump(e)
         why = f"IREE could not compile it, however split ({first})"
         log.warning("%s: running %s as one ATen region", why, imported.name)
         return _host_artifact(imported, target, policy, why[:400], t0)

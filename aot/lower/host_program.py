@@ -52,6 +52,9 @@ def host_reason(imported: ImportedProgram) -> str | None:
             if not isinstance(v, torch.Tensor):
                 continue
             spec = TorchTensor.from_tensor(v)
+            if spec.is_sparse:
+                return (f"{n.name} ({_op(n)}, {node_location(n) or 'unknown location'}) is a "
+                        f"{spec.layout} tensor: only ATen holds sparse layouts")
             if spec.is_dynamic:
                 return (f"{n.name} ({_op(n)}, {node_location(n) or 'unknown location'}) has a "
                         f"shape only known at run time {spec.short()}")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import os
 import re
+import shutil
 import tempfile
 import time
 
@@ -13,7 +14,7 @@ from iree.compiler import CompilerToolError, compile_str
 from ..errors import CompileFailed
 from .targets import Target
 
-__all__ = ["compile_mlir", "compile_error", "try_compile", "first_error"]
+__all__ = ["compile_mlir", "compile_error", "discard_dump", "try_compile", "first_error"]
 log = logging.getLogger(__name__)
 
 
@@ -52,11 +53,20 @@ def compile_error(asm: str, target: Target, diag: str, *, what: str = "model",
     with open(path, "w") as f:
         f.write(asm)
     flags = " ".join(target.flags)
-    return CompileFailed(
+    err = CompileFailed(
         f"IREE could not compile {what} for {target.name}: {first_error(diag)}\n{note}"
         f"input IR: {path}\nrepro: iree-compile --iree-input-type=torch "
         f"--iree-hal-target-backends={target.backend} {flags} {path} -o /dev/null\n"
         f"full diagnostics:\n{_tail(diag)}")
+    err.dump_dir = dump  # removed by a caller that recovers from the failure
+    return err
+
+
+def discard_dump(err: BaseException) -> None:
+    """Remove the dump folder of a CompileFailed the caller recovered from."""
+    dump = getattr(err, "dump_dir", None)
+    if dump:
+        shutil.rmtree(dump, ignore_errors=True)
 
 
 _ERR = re.compile(r"error: (.*)")

@@ -193,7 +193,8 @@ class CompiledModule:
                                         f"one on {leaf.device}")
                 # quantized: its integer representation (qparams checked above);
                 # .contiguous() copies only for a non-row-major spec (recorded).
-                dense.append(want.to_storage(leaf, name).contiguous())
+                # A sparse input only ever reaches the host program: as it is.
+                dense.append(leaf if want.is_sparse else want.to_storage(leaf, name).contiguous())
             else:
                 self._check_static(leaf, want, name)
         return dense

@@ -161,6 +161,16 @@ def test_data_dependent_shapes(fn, mode):
     _close(cm(x), fn(x), mode)
 
 
+# sparse inputs (OpInfo's sparse.mm): the host holds them, the layout is checked
+@pytest.mark.parametrize("mode", MODES)
+def test_sparse_csr_input(mode):
+    a = (torch.randn(5, 5) * (torch.rand(5, 5) > 0.6)).to_sparse_csr()
+    cm = check(lambda s, d: torch.sparse.mm(s, d, "sum"), (a, torch.randn(5, 3)), mode)
+    assert cm.inputs[0].layout == "sparse_csr"
+    with pytest.raises(aot.InputMismatch, match="layout mismatch: expected sparse_csr"):
+        cm(a.to_dense(), torch.randn(5, 3))
+
+
 # 6. ops whose meaning depends on storage and strides
 class ChannelsLastParam(torch.nn.Module):
     def __init__(self):
