@@ -36,12 +36,19 @@ def register_decomposition(op: torch._ops.OpOverload):
 _UNRELIABLE = {aten.signbit.default, aten.copysign.Tensor, aten.copysign.Scalar}
 
 
+def _random(op) -> bool:
+    """A seeded random op (``geometric``, ``bernoulli``...): as a kernel call it draws from
+    torch's generator as eager does; torch's decompositions draw differently (and
+    ``geometric``'s calls ``rand_like`` on integer tensors, which ATen refuses)."""
+    return torch.Tag.nondeterministic_seeded in getattr(op, "tags", ())
+
+
 def decomposition_for(op) -> Callable | None:
     """Our decomposition if we have one, else torch's (if functional), else None."""
     from . import int8_decompositions  # noqa: F401  (registers the aot_q lowerings)
     if op in IREE_DECOMPOSITIONS:
         return IREE_DECOMPOSITIONS[op]
-    if op in _UNRELIABLE:
+    if op in _UNRELIABLE or _random(op):
         return None
     from torch._decomp import decomposition_table
     return decomposition_table.get(op)

@@ -25,6 +25,7 @@ import logging
 from ..errors import AotError, CompileFailed, UnsupportedOp
 from ..importer.program import ImportedProgram
 from . import host_program
+from .bool_fills import bool_fills
 from .iree_compile import compile_error, discard_dump, first_error, try_compile
 from .partition import PartitionedProgram, partition
 from .placement import KERNEL_CALL, Placement, PlacementPolicy, op_name
@@ -136,6 +137,7 @@ def _compile_split(imported: ImportedProgram, target: Target, policy: PlacementP
     folded = 0
     if policy.fallback != "all":  # the round-trip mode stays bit-exact: no rewrites
         ep, folded = fold_constants(fold_batch_norm(imported.exported))
+        bool_fills(ep)  # IREE truncates a bool fill value; ATen casts it
         imported = dataclasses.replace(imported, exported=ep)
     demoted: dict[str, str] = {}
     for _ in range(_MAX_RECOVERY_ROUNDS + 1):

@@ -152,7 +152,7 @@ class CompiledModule:
             outs = [self._output(results, i, o) for i, o in enumerate(self._tensor_outputs)]
         if not self._plain:
             return self._user_outputs(flat, self._leaves(outs))
-        return outs[0] if self._one_out else pytree.tree_unflatten(outs, self.out_spec)
+        return outs[0] if self._one_out else _unflatten(outs, self.out_spec)
 
     def _program_inputs(self, flat) -> list:
         """The caller's leaves as the host program takes them (quantized: storage form)."""
@@ -178,7 +178,7 @@ class CompiledModule:
         for j, k in enumerate(self.returns_input):
             if k is not None:
                 outs[j] = flat[k]
-        return outs[0] if self._one_out else pytree.tree_unflatten(outs, self.out_spec)
+        return outs[0] if self._one_out else _unflatten(outs, self.out_spec)
 
     def _dense_inputs(self, flat) -> list[torch.Tensor]:
         """Check every input; the tensors as compiled code holds them (dense, storage form)."""
@@ -292,3 +292,30 @@ def _release_all() -> None:
         disable = getattr(_runtime, "disable_leak_checker", None)
     if disable is not None:
         disable()
+
+
+def _unflatten(leaves: list, spec: pytree.TreeSpec):
+    """``pytree.tree_unflatten``, but a ``torch.Size`` comes back as one (as eager
+    returns it), not as the plain tuple torch's pytree rebuilds."""
+    out = pytree.tree_unflatten(leaves, spec)
+    return _sizes(out, spec) if _holds_size(spec) else out
+
+
+def _holds_size(spec) -> bool:
+    return spec.type is torch.Size or any(_holds_size(c) for c in _children(spec))
+
+
+def _children(spec) -> list:
+    c = getattr(spec, "children", None)  # torch 2.15; children_specs before (deprecated since)
+    return list(c()) if callable(c) else list(spec.children_specs)
+
+
+def _sizes(value, spec):
+    if spec.type is torch.Size:
+        return torch.Size(value)
+    if spec.type in (tuple, list):
+        return spec.type(_sizes(v, c) for v, c in zip(value, _children(spec)))
+    if spec.type is dict:
+        return {k: _sizes(value[k], c) for k, c in zip(spec.context, _children(spec))}
+    return value  # other containers: as torch's pytree rebuilds them
+

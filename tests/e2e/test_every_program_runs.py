@@ -226,6 +226,32 @@ def test_scatter_into_an_input_leaves_the_input_alone(mode):
                                                                    torch.randn(4)), mode)
 
 
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("fn", [lambda b, m: b.masked_fill(m, 10),
+                                lambda b, m: b.masked_fill(m, 0.5),
+                                lambda b, m: b.new_full((3,), 4) & m[0, :3]],
+                         ids=["masked_fill_int", "masked_fill_float", "new_full"])
+def test_bool_fill_value_is_cast_as_aten_does(fn, mode):
+    # IREE 3.13 truncates 10 to i1 0; ATen casts it to True
+    check(fn, (torch.rand(4, 5) > 0.5, torch.rand(4, 5) > 0.5), mode)
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_torch_size_output_is_a_torch_size(mode):
+    cm = check(lambda x: (x * 2, {"s": torch.broadcast_shapes(x.shape, (1, 3))}),
+               (torch.randn(2, 1),), mode)
+    assert type(cm(torch.randn(2, 1))[1]["s"]) is torch.Size
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_random_op_on_integers_runs(mode):
+    # torch's geometric decomposition calls rand_like on int64, which ATen refuses
+    cm = aot.compile(Fn(lambda x: x.geometric_(0.5)).eval(), (torch.zeros(3, 4, dtype=torch.long),),
+                     fallback=mode)
+    out = cm(torch.zeros(3, 4, dtype=torch.long))
+    assert out.dtype == torch.long and out.shape == (3, 4) and bool((out >= 1).all())
+
+
 def test_capture_falls_back_to_the_other_export_mode():
     class DataDependentBranch(torch.nn.Module):
         def forward(self, x):
