@@ -24,6 +24,19 @@ from .outline import carried
 __all__ = ["host_reason", "record"]
 
 
+def _hidden_write(n: torch.fx.Node) -> bool:
+    """An op export keeps whole that updates operands its schema does not mark as
+    written: ``instance_norm`` with input statistics updates ``running_mean`` and
+    ``running_var`` (through batch norm) and export records no mutation."""
+    if n.op != "call_function" or not isinstance(n.target, torch._ops.OpOverload) \
+            or n.target._schema.name != "aten::instance_norm":
+        return False
+    args = list(n.args) + [None] * 9
+    stats = args[3] is not None or args[4] is not None or n.kwargs.get("running_mean") \
+        is not None or n.kwargs.get("running_var") is not None
+    return bool(n.kwargs.get("use_input_stats", args[5])) and stats
+
+
 def _values(v):
     if isinstance(v, (list, tuple)):
         for x in v:
@@ -48,6 +61,10 @@ def host_reason(imported: ImportedProgram) -> str | None:
         if isinstance(n.target, torch._ops.OpOverload) and n.target._schema.name in STORAGE_OPS:
             return (f"{n.name} ({_op(n)}, {node_location(n) or 'unknown location'}) reads its "
                     "operand's storage and strides, which only eager's tensors have")
+        if _hidden_write(n):
+            return (f"{n.name} ({_op(n)}, {node_location(n) or 'unknown location'}) updates its "
+                    "running statistics in place, which export does not record: ATen runs "
+                    "it on the caller's tensors")
         for v in _values(n.meta.get("val")):
             if not isinstance(v, torch.Tensor):
                 continue

@@ -107,7 +107,10 @@ def _copy_slice(x, y):
                                              torch.randn(2))),
     (_copy_slice, (torch.randn(3, 4), torch.randn(3, 2))),
     (lambda x, y, z: torch.add(x, y, out=z), (torch.randn(4), torch.randn(4), torch.empty(4))),
-], ids=["fill_", "setitem", "index_put_", "copy_slice", "out="])
+    # export records no mutation here: instance_norm updates the running stats inside
+    (lambda x, m, v: torch.nn.functional.instance_norm(x, m, v, use_input_stats=True),
+     (torch.randn(2, 3, 4), torch.randn(3), torch.rand(3) + 0.5)),
+], ids=["fill_", "setitem", "index_put_", "copy_slice", "out=", "instance_norm_stats"])
 def test_in_place_updates_reach_the_callers_tensors(fn, args, mode):
     check(fn, args, mode)
 
