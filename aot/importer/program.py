@@ -195,7 +195,26 @@ def _export(model, args, kwargs, options, name) -> torch.export.ExportedProgram:
         # decompositions happen later, in the partitioner.
         return ep.run_decompositions({})
     except Exception as e:
+        if _already_functional(ep):
+            # e.g. an op whose functionalization fails on sparse inputs: export's own
+            # graph is already functional ATen, what the host runs as it is
+            log.warning("functionalizing %s failed (%s); using export's graph, which is "
+                        "already functional", name, _first_line(e))
+            return ep
         raise ExportFailed(f"could not functionalize the exported program: {e}") from e
+
+
+def _already_functional(ep: torch.export.ExportedProgram) -> bool:
+    """No op writes its operands, and export recorded no in-place update."""
+    if any(s.kind.name in ("BUFFER_MUTATION", "USER_INPUT_MUTATION")
+           for s in ep.graph_signature.output_specs):
+        return False
+    for n in ep.graph.nodes:
+        if n.op == "call_function" and isinstance(n.target, torch._ops.OpOverload) and any(
+                a.alias_info is not None and a.alias_info.is_write
+                for a in n.target._schema.arguments):
+            return False
+    return True
 
 
 def _check_functional(ep: torch.export.ExportedProgram) -> None:
