@@ -29,6 +29,7 @@ from ..torch_tensor import QuantParams, TorchTensor
 from .cost import MIN_FLOPS
 from .coverage import CoverageCache, Verdict, op_signature, probe_nodes
 from .flops import node_flops
+from .iree_faults import iree_fault
 from .kernel_call_op import kernel_call_op
 from .outline import outline_kernel_calls
 from .placement import COMPILED, KERNEL_CALL, Placement, PlacementPolicy, matches_forced, op_name
@@ -190,7 +191,10 @@ def _decompose_uncovered(ep, target, policy, cache, kept: dict):
         nodes = [n for n in _op_nodes(ep) if not matches_forced(n.target, policy.fallback_ops)]
         verdicts = probe_nodes(nodes, target, cache)
         table = {}
+        user_inputs = _user_inputs(ep)
         for n in nodes:
+            if iree_fault(n, user_inputs) is not None:
+                continue  # runs in ATen: its decomposition, compiled, is what IREE gets wrong
             if not verdicts[op_signature(n)].covered and n.target not in tried:
                 fn = decomposition_for(n.target)
                 if fn is not None:
@@ -266,56 +270,14 @@ def _costs(ep, target: Target, policy: PlacementPolicy, verdicts) -> dict:
     return measure_nodes(heavy, target, CostCache(target))
 
 
-# Ops IREE lowers to an update in place of their first operand (destination-passing
-# scatters). IREE 3.13 does that in place even when the operand is a model input,
-# a buffer it imported from the caller: the caller's tensor is overwritten (index_put,
-# scatter_add) or the call fails with PERMISSION_DENIED (select_scatter). Measured with
-# benchmarks/opinfo_coverage.py; such an op on a model input's storage runs in ATen.
-WRITES_IN_PLACE = {f"aten::{n}" for n in (
-    "index_put", "_unsafe_index_put", "index_add", "index_copy", "index_fill", "index_reduce",
-    "scatter", "scatter_add", "scatter_reduce", "masked_scatter", "put", "select_scatter",
-    "slice_scatter", "diagonal_scatter", "as_strided_scatter",
-    "_unsafe_masked_index_put_accumulate")}
-_IN_PLACE_REASON = ("IREE 3.13 would write its result into the caller's input buffer "
-                    "(an in-place scatter into memory it imported)")
-
-
-# copies IREE folds away, so the scatter lands in the copied input's buffer
-_FOLDED_COPIES = {"aten::clone", "aten::alias", "aten::_to_copy", "aten::lift_fresh_copy",
-                  "aten::contiguous", "aten::copy"}
-
-
-def _updates_input(n: torch.fx.Node, user_inputs: set) -> bool:
-    """``n`` scatters into a model input's storage (through views and copies of it)."""
-    if not isinstance(n.target, torch._ops.OpOverload) or \
-            n.target._schema.name not in WRITES_IN_PLACE or not n.args:
-        return False
-    a = n.args[0]
-    while isinstance(a, torch.fx.Node) and a.op == "call_function" and \
-            isinstance(a.target, torch._ops.OpOverload) and a.args and \
-            (a.target._schema.name in _FOLDED_COPIES or (
-                a.target._schema.returns and a.target._schema.returns[0].alias_info is not None)):
-        a = a.args[0]  # a view (the same storage), or a copy IREE elides
-    return isinstance(a, torch.fx.Node) and a.name in user_inputs
-
-
-# ops IREE lowers in float64 with a lower internal precision (measured by the OpInfo
-# coverage run: SDPA in f64 is 2.6e-6 off eager's relative): in f64 they run in ATen
-F64_INEXACT = {"aten::scaled_dot_product_attention", "aten::_scaled_dot_product_flash_attention",
-               "aten::_scaled_dot_product_flash_attention_for_cpu"}
-
-
-def _inexact_f64(n: torch.fx.Node) -> bool:
-    return (isinstance(n.target, torch._ops.OpOverload) and n.target._schema.name in F64_INEXACT
-            and any(isinstance(a.meta.get("val"), torch.Tensor)
-                    and a.meta["val"].dtype == torch.float64 for a in n.all_input_nodes))
+def _user_inputs(ep) -> set:
+    return {s.arg.name for s in ep.graph_signature.input_specs if s.kind.name == "USER_INPUT"}
 
 
 def _place(ep, policy: PlacementPolicy, verdicts: dict[str, Verdict], demoted: dict[str, str],
            costs: dict | None = None, kept: dict | None = None):
     placements, decided = [], {}
-    user_inputs = {s.arg.name for s in ep.graph_signature.input_specs
-                   if s.kind.name == "USER_INPUT"}
+    user_inputs = _user_inputs(ep)
     for n in _op_nodes(ep):
         name = op_name(n.target)
         if not isinstance(n.target, torch._ops.OpOverload):
@@ -327,11 +289,8 @@ def _place(ep, policy: PlacementPolicy, verdicts: dict[str, Verdict], demoted: d
         elif n.name in demoted:
             where, why = KERNEL_CALL, ("lowers alone, but IREE failed on it fused with its "
                                        f"neighbours: {demoted[n.name]}")
-        elif _updates_input(n, user_inputs):
-            where, why = KERNEL_CALL, _IN_PLACE_REASON
-        elif _inexact_f64(n):
-            where, why = KERNEL_CALL, ("IREE computes it in float64 with a lower internal "
-                                       "precision: ATen keeps eager's")
+        elif (fault := iree_fault(n, user_inputs)) is not None:
+            where, why = KERNEL_CALL, fault
         else:
             v = verdicts[op_signature(n)]
             where, why = (COMPILED, "lowered by IREE") if v.covered else (KERNEL_CALL, v.reason)

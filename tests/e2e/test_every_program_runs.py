@@ -258,6 +258,31 @@ def test_random_op_on_integers_runs(mode):
     assert out.dtype == torch.long and out.shape == (3, 4) and bool((out >= 1).all())
 
 
+def _unpool(y, i):
+    return torch.nn.functional.max_unpool2d(y, i, 3, 2, output_size=(7, 7))
+
+
+_POOLED = torch.nn.functional.max_pool2d(torch.randn(1, 2, 7, 7), 3, 2, return_indices=True)
+
+
+# ops IREE lowers but gets wrong (aot.lower.iree_faults): eager's answer, inputs untouched
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("fn,args", [
+    (lambda x: torch.sort(x), (torch.randint(0, 3, (20,)),)),
+    (lambda x: torch.sort(x), (torch.rand(20) > 0.5,)),
+    (lambda x: torch.topk(x, 3), (torch.randn(10),)),
+    (lambda x: torch.sort(x * 2)[1], (torch.tensor([1., 2, 1, 2, 0, 1]),)),
+    (lambda x: x.cfloat(), (torch.rand(5) > 0.5,)),
+    (lambda x: torch.rad2deg(x), (torch.randn(5, dtype=torch.float64),)),
+    (lambda x: torch.nn.functional.interpolate(x, size=(3, 3), mode="nearest-exact"),
+     (torch.randn(1, 2, 4, 5),)),
+    (_unpool, _POOLED),
+], ids=["sort_int", "sort_bool", "topk_of_input", "sort_ties_indices", "bool_to_complex",
+        "rad2deg_f64", "nearest_exact_down", "max_unpool_k3s2"])
+def test_ops_iree_gets_wrong_give_eagers_answer(fn, args, mode):
+    check(fn, args, mode)
+
+
 def test_capture_falls_back_to_the_other_export_mode():
     class DataDependentBranch(torch.nn.Module):
         def forward(self, x):

@@ -1,0 +1,119 @@
+"""Ops IREE compiles but gets wrong: they run in ATen whatever the probe says.
+
+A probe (``coverage``) says whether IREE *lowers* an op, not whether its code
+means what eager means. Each rule here is a wrong answer measured on IREE 3.13
+by ``benchmarks/opinfo_coverage.py`` (torch's OpInfo samples against eager), kept
+with the measurement that found it. ``iree_fault`` gives the reason an op must
+run in ATen, or None; the partitioner places such an op as a kernel call and
+does not decompose it (its decomposition, compiled, is what was wrong). Remove a
+rule when a newer IREE passes its OpInfo samples.
+"""
+
+from __future__ import annotations
+
+import torch
+
+__all__ = ["WRITES_IN_PLACE", "F64_INEXACT", "ORDER_OPS", "WRONG_LOWERINGS", "iree_fault"]
+
+# Ops IREE lowers to an update in place of their first operand (destination-passing
+# scatters and sorts). IREE 3.13 does that in place even when the operand is a model
+# input, a buffer it imported from the caller: the caller's tensor is overwritten
+# (index_put, scatter_add, sort, topk) or the call fails with PERMISSION_DENIED
+# (select_scatter). Such an op on a model input's storage runs in ATen.
+WRITES_IN_PLACE = {f"aten::{n}" for n in (
+    "index_put", "_unsafe_index_put", "index_add", "index_copy", "index_fill", "index_reduce",
+    "scatter", "scatter_add", "scatter_reduce", "masked_scatter", "put", "select_scatter",
+    "slice_scatter", "diagonal_scatter", "as_strided_scatter",
+    "_unsafe_masked_index_put_accumulate", "sort", "topk", "argsort", "msort", "kthvalue")}
+_IN_PLACE_REASON = ("IREE 3.13 would write its result into the caller's input buffer "
+                    "(an in-place update of memory it imported)")
+
+# copies IREE folds away, so an in-place op lands in the copied input's buffer
+_FOLDED_COPIES = {"aten::clone", "aten::alias", "aten::_to_copy", "aten::lift_fresh_copy",
+                  "aten::contiguous", "aten::copy"}
+
+# Ops IREE lowers in float64 with a lower internal precision: in f64 they run in
+# ATen. SDPA is 2.6e-6 off eager (relative); rad2deg 8.4e-7 (a float32 constant).
+F64_INEXACT = {"aten::scaled_dot_product_attention", "aten::_scaled_dot_product_flash_attention",
+               "aten::_scaled_dot_product_flash_attention_for_cpu", "aten::rad2deg"}
+
+# Sorting ops: IREE's sort is not stable (indices differ from eager's on ties, common
+# in integers and bools) and compares i1 as signed (a bool sort puts True first).
+# They run in ATen on integers and bools, and wherever their indices are used.
+ORDER_OPS = {"aten::sort", "aten::topk", "aten::argsort", "aten::msort", "aten::kthvalue"}
+
+# Lowerings (or torch decompositions compiled by IREE) measured wrong on OpInfo samples.
+WRONG_LOWERINGS = {
+    # downsampling 4 -> 3: IREE rounds (i + 0.5) * scale at exact ties differently
+    "aten::_upsample_nearest_exact1d": "IREE's index arithmetic rounds exact ties away from "
+                                       "eager's (nearest-exact downsampling, 6 of 18 wrong)",
+    "aten::_upsample_nearest_exact2d": "IREE's index arithmetic rounds exact ties away from "
+                                       "eager's (nearest-exact downsampling)",
+    "aten::_upsample_nearest_exact3d": "IREE's index arithmetic rounds exact ties away from "
+                                       "eager's (nearest-exact downsampling)",
+    # kernel 3, stride 2 (overlapping windows): one element of six lost
+    "aten::max_unpool2d": "IREE's max_unpool drops values when kernel and stride differ",
+    "aten::max_unpool3d": "IREE's max_unpool drops values when kernel and stride differ",
+}
+
+
+def _val(a):
+    return a.meta.get("val") if isinstance(a, torch.fx.Node) else a
+
+
+def _tensor_dtype(a) -> torch.dtype | None:
+    v = _val(a)
+    return v.dtype if isinstance(v, torch.Tensor) else None
+
+
+def updates_input(n: torch.fx.Node, user_inputs: set) -> bool:
+    """``n`` updates a model input's storage in place (through views and copies of it)."""
+    if not isinstance(n.target, torch._ops.OpOverload) or \
+            n.target._schema.name not in WRITES_IN_PLACE or not n.args:
+        return False
+    a = n.args[0]
+    while isinstance(a, torch.fx.Node) and a.op == "call_function" and \
+            isinstance(a.target, torch._ops.OpOverload) and a.args and \
+            (a.target._schema.name in _FOLDED_COPIES or (
+                a.target._schema.returns and a.target._schema.returns[0].alias_info is not None)):
+        a = a.args[0]  # a view (the same storage), or a copy IREE elides
+    return isinstance(a, torch.fx.Node) and a.name in user_inputs
+
+
+def _indices_used(n: torch.fx.Node) -> bool:
+    """A sorting op's indices result has a reader (argsort: its only result)."""
+    if n.target._schema.name == "aten::argsort":
+        return True
+    return any(u.target.__name__ == "getitem" and u.args[1] == 1 and u.users
+               for u in n.users if u.op == "call_function" and hasattr(u.target, "__name__"))
+
+
+def _bool_to_complex(n: torch.fx.Node) -> bool:
+    """A conversion of a bool tensor to a complex one (IREE gives True as -1 + 0j)."""
+    out = _tensor_dtype(n)
+    return (out is not None and out.is_complex and bool(n.args)
+            and _tensor_dtype(n.args[0]) == torch.bool)
+
+
+def iree_fault(n: torch.fx.Node, user_inputs: set) -> str | None:
+    """Why ``n`` must run in ATen although IREE lowers it, or None."""
+    if not isinstance(n.target, torch._ops.OpOverload):
+        return None
+    name = n.target._schema.name
+    if updates_input(n, user_inputs):
+        return _IN_PLACE_REASON
+    if name in F64_INEXACT and any(_tensor_dtype(a) == torch.float64
+                                   for a in n.all_input_nodes):
+        return "IREE computes it in float64 with a lower internal precision: ATen keeps eager's"
+    if name in ORDER_OPS and n.args:
+        dt = _tensor_dtype(n.args[0])
+        if dt is not None and not dt.is_floating_point:
+            return (f"IREE's sort compares {str(dt).replace('torch.', '')} differently from "
+                    "eager (unstable on ties; bool as signed)")
+        if _indices_used(n):
+            return "IREE's sort is not stable: on ties its indices are not eager's"
+    if name in WRONG_LOWERINGS:
+        return WRONG_LOWERINGS[name]
+    if _bool_to_complex(n):
+        return "IREE converts True to -1 + 0j"
+    return None
