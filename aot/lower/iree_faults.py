@@ -54,6 +54,11 @@ WRONG_LOWERINGS = {
     # kernel 3, stride 2 (overlapping windows): one element of six lost
     "aten::max_unpool2d": "IREE's max_unpool drops values when kernel and stride differ",
     "aten::max_unpool3d": "IREE's max_unpool drops values when kernel and stride differ",
+    "aten::logcumsumexp": "IREE's logcumsumexp returns inf for finite inputs",
+    "aten::embedding_bag": "IREE's embedding_bag sums wrong bags (per-sample weights, offsets)",
+    "aten::_embedding_bag": "IREE's embedding_bag sums wrong bags (per-sample weights, offsets)",
+    "aten::grid_sampler": "IREE's grid_sampler samples wrong pixels (bilinear, zeros padding)",
+    "aten::grid_sampler_2d": "IREE's grid_sampler samples wrong pixels (bilinear, zeros padding)",
 }
 
 

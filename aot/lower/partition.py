@@ -31,7 +31,7 @@ from .coverage import CoverageCache, Verdict, op_signature, probe_nodes
 from .flops import node_flops
 from .iree_faults import iree_fault
 from .kernel_call_op import kernel_call_op
-from .outline import outline_kernel_calls
+from .outline import carried, outline_kernel_calls
 from .placement import COMPILED, KERNEL_CALL, Placement, PlacementPolicy, matches_forced, op_name
 from .targets import Target
 
@@ -214,6 +214,13 @@ def _decompose_uncovered(ep, target, policy, cache, kept: dict):
         except Exception as e:  # a decomposition torch cannot apply: keep the op as a kernel call
             log.info("decomposition failed (%s); keeping those ops as kernel calls", e)
             return ep, verdicts
+        if _uncarried(decomposed) - _uncarried(ep):
+            # a decomposition whose intermediate values compiled code cannot hold
+            # (fft_hfft in float64 goes through complex128): keep the ops whole
+            log.info("decomposing %s makes values of dtypes compiled code cannot hold (%s); "
+                     "keeping them as kernel calls", sorted(map(op_name, table)),
+                     sorted(_uncarried(decomposed) - _uncarried(ep)))
+            return ep, verdicts
         if _output_types(decomposed) != _output_types(ep):
             # a decomposition whose ops' metadata disagree with the op (torch's
             # prims.signbit says float32 where signbit returns bool): keep the ops
@@ -222,6 +229,18 @@ def _decompose_uncovered(ep, target, policy, cache, kept: dict):
             return ep, verdicts
         ep = decomposed
     return ep, probe_nodes(_op_nodes(ep), target, cache)
+
+
+def _uncarried(ep) -> set[str]:
+    """Dtypes of the program's tensor values that compiled code cannot hold."""
+    out = set()
+    for n in ep.graph.nodes:
+        for v in torch.utils._pytree.tree_leaves(n.meta.get("val")):
+            if isinstance(v, torch.Tensor) and v.layout == torch.strided:
+                spec = TorchTensor.from_tensor(v)
+                if not spec.is_dynamic and not carried(spec):
+                    out.add(spec.dtype)
+    return out
 
 
 def _output_types(ep) -> list:

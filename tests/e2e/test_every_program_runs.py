@@ -277,8 +277,17 @@ _POOLED = torch.nn.functional.max_pool2d(torch.randn(1, 2, 7, 7), 3, 2, return_i
     (lambda x: torch.nn.functional.interpolate(x, size=(3, 3), mode="nearest-exact"),
      (torch.randn(1, 2, 4, 5),)),
     (_unpool, _POOLED),
+    (lambda x: torch.logcumsumexp(x, 0), (torch.randn(5, 5),)),
+    (lambda w, i, o, p: torch.nn.functional.embedding_bag(i, w, o, mode="sum",
+                                                          per_sample_weights=p),
+     (torch.randn(10, 5), torch.tensor([1, 2, 4, 5, 4]), torch.tensor([0, 2]), torch.randn(5))),
+    (lambda x, g: torch.nn.functional.grid_sample(x, g, align_corners=False),
+     (torch.randn(2, 3, 5, 5), torch.rand(2, 5, 5, 2) * 2 - 1)),
+    # its decomposition goes through complex128, which compiled code cannot hold
+    (lambda x: torch.fft.hfft(x, 10, 1, "ortho"), (torch.randn(5, 6, 7, dtype=torch.float64),)),
 ], ids=["sort_int", "sort_bool", "topk_of_input", "sort_ties_indices", "bool_to_complex",
-        "rad2deg_f64", "nearest_exact_down", "max_unpool_k3s2"])
+        "rad2deg_f64", "nearest_exact_down", "max_unpool_k3s2", "logcumsumexp",
+        "embedding_bag_weights", "grid_sample", "hfft_f64"])
 def test_ops_iree_gets_wrong_give_eagers_answer(fn, args, mode):
     check(fn, args, mode)
 
