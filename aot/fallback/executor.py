@@ -12,6 +12,7 @@ memory once the call returns).
 from __future__ import annotations
 
 import logging
+import threading
 import warnings
 from dataclasses import dataclass, field
 
@@ -42,12 +43,18 @@ class HostModule:
 
     vm_module: "rt.VmModule"
     interface: "rt.PyModuleInterface"
-    pending_error: BaseException | None = None
     calls: int = field(default=0)
     functions: dict = field(default_factory=dict)  # key -> its _KernelCall
+    # one slot per thread: IREE runs a host function on the thread that invoked the
+    # module, so the error a kernel call raised belongs to that thread's call
+    _slot: threading.local = field(default_factory=threading.local, repr=False)
+
+    def put_error(self, err: BaseException) -> None:
+        self._slot.error = err
 
     def take_error(self) -> BaseException | None:
-        err, self.pending_error = self.pending_error, None
+        err = getattr(self._slot, "error", None)
+        self._slot.error = None
         return err
 
 
@@ -232,7 +239,7 @@ class _KernelCall:
             if self.on_cuda:
                 sync_torch(self.driver)  # results complete before IREE's stream reads them
         except BaseException as e:  # never let a Python error unwind through IREE
-            self.host.pending_error = e
+            self.host.put_error(e)
             raise
         return vals[0] if len(vals) == 1 else tuple(vals)
 
@@ -257,7 +264,7 @@ class _KernelCall:
                                        else r, check, tensors)
             return self._tensor_result(r)
         except BaseException as e:  # never let a Python error unwind through IREE
-            self.host.pending_error = e
+            self.host.put_error(e)
             raise
 
     def run_tensors(self, crossing: list, scalars=()) -> list:
