@@ -1,24 +1,32 @@
 """CompiledArtifact: one file holding the ``.vmfb`` and a JSON manifest.
 
-File layout (all integers little-endian)::
+File layout, format version 3 (all integers little-endian)::
 
-    b"AOTART\\n"  magic (7 bytes)
+    b"AOTART\n"  magic (7 bytes)
     u32          format version (FORMAT_VERSION)
+    32 bytes     SHA-256 of every byte after these 32 (the body below)
     u64          manifest length M
     M bytes      manifest, UTF-8 JSON
-    u64          constants length C                    (version 2)
-    C bytes      host-held constants, 64-byte aligned (version 2)
-    rest         the IREE ``.vmfb``; its SHA-256 is in the manifest
+    u64          constants length C
+    C bytes      host-held constants, 64-byte aligned
+    rest         the IREE ``.vmfb``
+
+Every byte is covered: a change to the magic or the version is refused as such,
+and any change to the digest or the body fails the digest at load, before a
+byte of the manifest is believed (``ArtifactError``, never a wrong answer). A
+manifest that is well-formed JSON and checksums but was edited by hand is then
+validated field by field (``aot.manifest_check``). Version 2 files (no whole-file
+digest: the manifest itself was not covered) and version 1 files (no constants)
+still load, with the manifest's own checksums of the module and constants.
 
 Host-held constants are the weights only kernel calls read: ATen gets them
 directly at run time (IREE would copy a constant on every call it crosses).
 The manifest's ``host_constants`` gives each one's dtype, shape and offset,
-and ``constants_sha256`` their checksum. Version 1 files (no constants) load.
+and ``constants_sha256`` their checksum.
 
 The manifest records the target and driver, the flags, torch and IREE versions,
 the input/output TorchTensors and pytree specs, the kernel-call table and the
-placement table (for ``report``). ``load`` checks every field it relies on and
-names what is wrong. This module never imports ``iree.compiler``.
+placement table (for ``report``). This module never imports ``iree.compiler``.
 """
 
 from __future__ import annotations
@@ -36,10 +44,11 @@ from .errors import ArtifactError
 __all__ = ["FORMAT_VERSION", "CompiledArtifact", "load_artifact"]
 
 MAGIC = b"AOTART\n"
-FORMAT_VERSION = 2
-_READS = (1, 2)
-_HEADER = struct.Struct("<IQ")
+FORMAT_VERSION = 3
+_READS = (1, 2, 3)
+_VERSION = struct.Struct("<I")
 _LEN = struct.Struct("<Q")
+_DIGEST = 32
 _ALIGN = 64
 _REQUIRED = ("format_version", "target", "driver", "flags", "torch_version", "iree_version",
              "inputs", "outputs", "in_spec", "out_spec", "kernel_calls", "placements",
@@ -58,9 +67,11 @@ class CompiledArtifact:
         _validate(self.manifest, self.vmfb, "<in memory>", self.constants)
 
     def to_bytes(self) -> bytes:
-        body = json.dumps(self.manifest, sort_keys=True).encode()
-        return (MAGIC + _HEADER.pack(FORMAT_VERSION, len(body)) + body
-                + _LEN.pack(len(self.constants)) + self.constants + self.vmfb)
+        manifest = json.dumps({**self.manifest, "format_version": FORMAT_VERSION},
+                              sort_keys=True).encode()
+        body = (_LEN.pack(len(manifest)) + manifest + _LEN.pack(len(self.constants))
+                + self.constants + self.vmfb)
+        return MAGIC + _VERSION.pack(FORMAT_VERSION) + hashlib.sha256(body).digest() + body
 
     def host_constants(self, device: torch.device) -> dict[str, torch.Tensor]:
         """The host-held constants as tensors on ``device`` (views of one buffer on CPU)."""
@@ -111,33 +122,44 @@ def load_artifact(path: str) -> CompiledArtifact:
     if not data.startswith(MAGIC):
         raise ArtifactError(f"{path!r} is not an aot artifact (bad magic bytes; expected a "
                             "file written by CompiledModule.save / `aot compile`)")
-    if len(data) < len(MAGIC) + _HEADER.size:
+    if len(data) < len(MAGIC) + _VERSION.size:
         raise ArtifactError(f"{path!r} is truncated (header incomplete)")
-    version, mlen = _HEADER.unpack_from(data, len(MAGIC))
+    (version,) = _VERSION.unpack_from(data, len(MAGIC))
     if version not in _READS:
         raise ArtifactError(f"{path!r} has format version {version}; this aot reads versions "
-                            f"{', '.join(map(str, _READS))}: recompile the model")
-    start = len(MAGIC) + _HEADER.size
-    if len(data) < start + mlen:
-        raise ArtifactError(f"{path!r} is truncated (manifest needs {mlen} bytes, "
-                            f"{len(data) - start} present)")
+                            f"{', '.join(map(str, _READS))}: recompile the model (or the file "
+                            "is corrupt)")
+    pos = len(MAGIC) + _VERSION.size
+    if version >= 3:
+        if len(data) < pos + _DIGEST:
+            raise ArtifactError(f"{path!r} is truncated (no checksum)")
+        digest, pos = data[pos:pos + _DIGEST], pos + _DIGEST
+        if hashlib.sha256(memoryview(data)[pos:]).digest() != digest:
+            raise ArtifactError(f"{path!r} is corrupt or truncated: its contents do not match "
+                                "the file's SHA-256 checksum")
+    manifest, pos = _read_section(data, pos, path, "manifest")
     try:
-        manifest = json.loads(data[start:start + mlen])
+        manifest = json.loads(manifest)
     except ValueError as e:
         raise ArtifactError(f"{path!r}: manifest is not valid JSON ({e})") from e
-    rest, constants = start + mlen, b""
+    constants, rest = b"", pos
     if version >= 2:
-        if len(data) < rest + _LEN.size:
-            raise ArtifactError(f"{path!r} is truncated (no constants header)")
-        (clen,) = _LEN.unpack_from(data, rest)
-        rest += _LEN.size
-        if len(data) < rest + clen:
-            raise ArtifactError(f"{path!r} is truncated (constants need {clen} bytes, "
-                                f"{len(data) - rest} present)")
-        constants, rest = data[rest:rest + clen], rest + clen
+        constants, rest = _read_section(data, pos, path, "constants")
     vmfb = data[rest:]
     _validate(manifest, vmfb, path, constants)
     return CompiledArtifact(vmfb, manifest, constants)
+
+
+def _read_section(data: bytes, pos: int, path: str, what: str) -> tuple[bytes, int]:
+    """``(u64-length-prefixed bytes at pos, the position after them)``."""
+    if len(data) < pos + _LEN.size:
+        raise ArtifactError(f"{path!r} is truncated (no {what} header)")
+    (n,) = _LEN.unpack_from(data, pos)
+    pos += _LEN.size
+    if len(data) < pos + n:
+        raise ArtifactError(f"{path!r} is truncated ({what} needs {n} bytes, "
+                            f"{len(data) - pos} present)")
+    return data[pos:pos + n], pos + n
 
 
 def _validate(manifest: Any, vmfb: bytes, path: str, constants: bytes = b"") -> None:
@@ -149,6 +171,8 @@ def _validate(manifest: Any, vmfb: bytes, path: str, constants: bytes = b"") -> 
     if manifest["format_version"] not in _READS:
         raise ArtifactError(f"{path!r}: manifest format {manifest['format_version']} is not "
                             f"one of {_READS}")
+    from .manifest_check import check_manifest
+    check_manifest(manifest, len(constants), path)
     if manifest.get("host_constants") and \
             hashlib.sha256(constants).hexdigest() != manifest.get("constants_sha256"):
         raise ArtifactError(f"{path!r} is corrupt or truncated: host constants do not match "

@@ -16,6 +16,7 @@ import torch.utils._pytree as pytree
 import iree.runtime as rt
 
 from ..artifact import CompiledArtifact, load_artifact
+from ..manifest_check import reading
 from ..errors import AotError, ArtifactError, InputMismatch, KernelCallFailed
 from ..fallback import static_values
 from ..fallback.executor import ExecOptions, HostModule, make_host_module
@@ -272,7 +273,8 @@ def load(path: str) -> CompiledModule:
     Raises:
         ArtifactError: missing, corrupt, truncated or incompatible file.
     """
-    return CompiledModule(load_artifact(path))
+    art = load_artifact(path)
+    return reading(path, "opening the module", lambda: CompiledModule(art))
 
 
 @atexit.register

@@ -1,6 +1,7 @@
 """Artifacts: save -> load in a fresh process without iree.compiler; corrupt files are clear errors."""
 
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -111,9 +112,181 @@ def test_missing_file(tmp_path):
 
 def test_incompatible_version(saved, tmp_path):
     import struct
+
     def bump(d):
-        ver, n = struct.unpack_from("<IQ", d, 7)
-        return d[:7] + struct.pack("<IQ", ver + 1, n) + d[19:]
+        (ver,) = struct.unpack_from("<I", d, 7)
+        return d[:7] + struct.pack("<I", ver + 1) + d[11:]
     bad = _corrupt(tmp_path, saved[0], bump)
-    with pytest.raises(aot.ArtifactError, match="format version 3"):
+    with pytest.raises(aot.ArtifactError, match="format version 4"):
         aot.load(bad)
+
+
+# -- every byte covered ------------------------------------------------------------------
+
+def _sections(data: bytes) -> tuple[int, int]:
+    """(start, end) of the manifest bytes in a version-3 file."""
+    import struct
+    pos = 7 + 4 + 32
+    (n,) = struct.unpack_from("<Q", data, pos)
+    return pos + 8, pos + 8 + n
+
+
+@pytest.fixture(scope="module")
+def small(tmp_path_factory):
+    """A small artifact: compiled code, a kernel call, a host-held constant, a static input."""
+    class Small(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = torch.nn.Linear(4, 4)
+
+        def forward(self, x, k: float = 0.5):
+            return torch.special.i0(self.lin(x)) * k + 1
+
+    torch.manual_seed(0)
+    m, x = Small().eval(), torch.randn(2, 4)
+    cm = aot.compile(m, (x, 0.5), placement="coverage", fallback_ops=["aten.linear"])
+    assert cm.manifest["host_constants"] and len(cm.kernel_calls) >= 1
+    path = str(tmp_path_factory.mktemp("small") / "small.aot")
+    cm.save(path)
+    return path, m, x
+
+
+def test_every_manifest_byte_and_a_sample_of_the_rest_is_covered(small, tmp_path):
+    """Flip each byte of the manifest, and every 97th byte elsewhere: always an
+    ArtifactError at load (never a load that succeeds, never another exception)."""
+    path, _, _ = small
+    data = open(path, "rb").read()
+    start, end = _sections(data)
+    where = list(range(start, end)) + [i for i in range(0, len(data), 97)
+                                       if not start <= i < end] + [len(data) - 1]
+    bad = str(tmp_path / "bad.aot")
+    outcomes = {}
+    for i in where:
+        with open(bad, "wb") as f:
+            f.write(data[:i] + bytes([data[i] ^ 0x01]) + data[i + 1:])
+        try:
+            aot.load(bad)
+            outcomes[i] = "loaded"
+        except aot.ArtifactError as e:
+            outcomes[i] = str(e).split(":")[-1].strip()[:40]
+    assert len(where) > 1000
+    assert not [i for i, o in outcomes.items() if o == "loaded"]
+
+
+def _rewrite(path: str, dst: str, edit) -> str:
+    """The artifact at ``path`` with its manifest edited by ``edit`` and checksummed again
+    (a hand-edited file, not a corrupt one)."""
+    import hashlib
+    import json
+    import struct
+    data = open(path, "rb").read()
+    start, end = _sections(data)
+    manifest = json.loads(data[start:end])
+    edit(manifest)
+    body = json.dumps(manifest).encode()
+    rest = struct.pack("<Q", len(body)) + body + data[end:]
+    with open(dst, "wb") as f:
+        f.write(data[:11] + hashlib.sha256(rest).digest() + rest)
+    return dst
+
+
+def _set(path, value):
+    def edit(m):
+        obj = m
+        for k in path[:-1]:
+            obj = obj[k]
+        obj[path[-1]] = value
+    return edit
+
+
+@pytest.mark.parametrize("field,value,named", [
+    (("inputs", 0, "dtype"), "float99", "inputs[0].dtype"),
+    (("inputs", 0, "shape"), "2x4", "inputs[0].shape"),
+    (("inputs", 0, "strides"), [1], "inputs[0].strides"),
+    (("inputs", 1), {"static": {"nonsense": 1}}, "inputs[1].static"),
+    (("driver",), "gpu", "driver"),
+    (("outputs",), [], "returns_input"),
+    (("in_spec",), "not a spec", "in_spec"),
+    (("kernel_calls", 0, "op"), 7, "kernel_calls[0]"),
+    (("kernel_calls", 0, "results", 0, "dtype"), "int3", "kernel_calls[0].results[0].dtype"),
+    (("mutations",), [{"input": 5}], "mutations[0]"),
+    (("whole_program_call",), "call_99", "whole_program_call"),
+    (("vmfb_sha256",), "abc", "vmfb_sha256"),
+], ids=lambda v: str(v) if isinstance(v, str) else None)
+def test_hand_edited_manifest_names_the_field(small, tmp_path, field, value, named):
+    bad = _rewrite(small[0], str(tmp_path / "edited.aot"), _set(field, value))
+    with pytest.raises(aot.ArtifactError, match="malformed manifest field " + re.escape(named)):
+        aot.load(bad)
+
+
+def test_hand_edited_constant_offset_outside_the_blob(small, tmp_path):
+    def edit(m):
+        name = next(iter(m["host_constants"]))
+        m["host_constants"][name]["offset"] = 1 << 20
+    bad = _rewrite(small[0], str(tmp_path / "edited.aot"), edit)
+    with pytest.raises(aot.ArtifactError, match=r"host_constants\..*offset"):
+        aot.load(bad)
+
+
+@pytest.fixture(scope="module")
+def host_program(tmp_path_factory):
+    """An artifact that is a host program (a data-dependent shape), with a weight."""
+    class Picks(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.w = torch.nn.Parameter(torch.randn(4))
+
+        def forward(self, x, k: float = 0.5):
+            return (x * self.w)[x > 0] * k
+
+    torch.manual_seed(0)
+    m, x = Picks().eval(), torch.randn(2, 4)
+    cm = aot.compile(m, (x, 0.5))
+    assert cm.manifest.get("host_program")
+    path = str(tmp_path_factory.mktemp("hp") / "hp.aot")
+    cm.save(path)
+    return path, m, x
+
+
+@pytest.mark.parametrize("which", ["small", "host_program"])
+def test_every_leaf_of_the_manifest_replaced_is_an_artifact_error_or_harmless(
+        which, request, tmp_path):
+    """Each scalar in the manifest replaced by a value of the wrong type: an
+    ArtifactError at load, or (a field only the report reads) a module that still
+    gives the original answer. Never another exception."""
+    import json
+    path, m, x = request.getfixturevalue(which)
+    data = open(path, "rb").read()
+    start, end = _sections(data)
+    manifest = json.loads(data[start:end])
+    with torch.no_grad():
+        want = m(x, 0.5)
+
+    def leaves(obj, at=()):
+        if isinstance(obj, dict):
+            for k, v in obj.items():
+                yield from leaves(v, at + (k,))
+        elif isinstance(obj, list) and obj:
+            for i, v in enumerate(obj):
+                yield from leaves(v, at + (i,))
+        else:
+            yield at
+
+    paths = list(leaves(manifest))
+    assert len(paths) > 50
+    failures = []
+    for p in paths:
+        for value in ([["?"]], "?"):
+            bad = _rewrite(path, str(tmp_path / "leaf.aot"), _set(p, value))
+            try:
+                cm = aot.load(bad)
+                got = cm(x, 0.5)
+                aot.report(cm)
+                if not torch.equal(got, cm(x, 0.5)) or not torch.allclose(got, want, rtol=1e-5,
+                                                                         atol=1e-5):
+                    failures.append((p, value, "wrong answer"))
+            except aot.AotError:
+                pass
+            except Exception as e:  # noqa: BLE001 - what this test looks for
+                failures.append((p, value, f"{type(e).__name__}: {e}"[:160]))
+    assert failures == [], "\n".join(map(str, failures))

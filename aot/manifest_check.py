@@ -1,0 +1,333 @@
+"""Field-by-field validation of an artifact's manifest, naming the field that is wrong.
+
+A file whose bytes were changed fails its checksum (``aot.artifact``); this
+module is for a manifest that checksums but was written by hand, by another
+tool, or by a buggy one. Every field the runtime reads is checked for its type,
+its range and its agreement with the rest of the artifact (input indices,
+constant offsets inside the constants blob, pytree leaf counts), and the first
+problem is an ``ArtifactError`` naming the field as a path (``inputs[1].shape``).
+Deeper entries (kernel calls, the host program) are also parsed by their own
+readers at load; anything those raise is reported against their field.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from typing import Any, Callable
+
+import torch
+import torch.utils._pytree as pytree
+
+from .errors import AotError, ArtifactError
+
+__all__ = ["check_manifest"]
+
+DRIVERS = ("local-task", "local-sync", "cuda")
+_HEX64 = re.compile(r"^[0-9a-f]{64}$")
+_SCALAR_KINDS = ("b", "i", "f")
+
+
+class _Bad(Exception):
+    def __init__(self, field: str, what: str):
+        super().__init__(f"{field}: {what}")
+
+
+def _need(ok: bool, field: str, what: str) -> None:
+    if not ok:
+        raise _Bad(field, what)
+
+
+def _one_of(v, names) -> bool:
+    """``v`` is a string among ``names`` (a list or dict given here is simply not)."""
+    return isinstance(v, str) and v in names
+
+
+def _is_int(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _typed(m: dict, key: str, types, optional: bool = False):
+    v = m.get(key)
+    if v is None and optional:
+        return None
+    _need(key in m, key, "missing")
+    _need(isinstance(v, types), key, f"expected {_names(types)}, got {type(v).__name__}")
+    return v
+
+
+def _names(types) -> str:
+    types = types if isinstance(types, tuple) else (types,)
+    return " or ".join(t.__name__ for t in types)
+
+
+def _tensor(d: Any, field: str) -> None:
+    """A TorchTensor's JSON (``aot.torch_tensor``)."""
+    from .torch_tensor import _DTYPES, _LAYOUTS
+    _need(isinstance(d, dict), field, "expected a tensor description (object)")
+    _need(_one_of(d.get("dtype"), _DTYPES), f"{field}.dtype", f"unknown dtype {d.get('dtype')!r}")
+    shape, strides = d.get("shape"), d.get("strides")
+    _need(isinstance(shape, list) and all(s is None or (_is_int(s) and s >= 0) for s in shape),
+          f"{field}.shape", f"expected a list of sizes, got {shape!r}")
+    _need(isinstance(strides, list) and len(strides) == len(shape)
+          and all(s is None or _is_int(s) for s in strides),
+          f"{field}.strides", f"expected {len(shape)} integer strides, got {strides!r}")
+    _need(_one_of(d.get("layout", "strided"), _LAYOUTS), f"{field}.layout",
+          f"unknown layout {d.get('layout')!r}")
+    q = d.get("qparams")
+    if q is not None:
+        _need(isinstance(q, dict), f"{field}.qparams", "expected an object or null")
+        scheme = q.get("scheme")
+        _need(_one_of(scheme, ("per_tensor_affine", "per_channel_affine")), f"{field}.qparams.scheme",
+              f"unknown scheme {scheme!r}")
+        if scheme == "per_tensor_affine":
+            _need(isinstance(q.get("scale"), (int, float)) and not isinstance(q["scale"], bool),
+                  f"{field}.qparams.scale", "expected a number")
+            _need(_is_int(q.get("zero_point")), f"{field}.qparams.zero_point", "expected an int")
+        else:
+            axis = q.get("axis")
+            _need(_is_int(axis) and 0 <= axis < max(len(shape), 1), f"{field}.qparams.axis",
+                  f"expected a dimension of {shape}, got {axis!r}")
+            n = shape[axis] if shape else 0
+            for key, ok in (("scale", lambda v: isinstance(v, (int, float))), ("zero_point", _is_int)):
+                v = q.get(key)
+                _need(isinstance(v, list) and len(v) == n and all(ok(x) for x in v),
+                      f"{field}.qparams.{key}", f"expected {n} values, one per channel")
+
+
+def _static(v: Any, field: str) -> None:
+    from .fallback import static_values
+    try:
+        static_values.decode(v)
+    except Exception as e:  # noqa: BLE001 - any decoding failure is the field's fault
+        raise _Bad(field, f"not a value of the operand contract ({type(e).__name__}: {e})")
+
+
+def _leaf(d: Any, field: str, kinds: tuple[str, ...]) -> str:
+    """An input/output entry: a tensor, or one of ``kinds`` (static, scalar)."""
+    _need(isinstance(d, dict), field, "expected an object")
+    if "dtype" in d:
+        _tensor(d, field)
+        return "tensor"
+    _need(len(d) == 1 and _one_of(next(iter(d)), kinds), field,
+          f"expected a tensor description or one of {list(kinds)}, got keys {sorted(d)}")
+    (kind, v), = d.items()
+    if kind == "static":
+        _static(v, f"{field}.static")
+    elif kind == "scalar":
+        _need(_one_of(v, _SCALAR_KINDS), f"{field}.scalar", f"expected one of {_SCALAR_KINDS}")
+    return kind
+
+
+def _spec(m: dict, key: str, leaves: int) -> None:
+    s = _typed(m, key, str)
+    try:
+        spec = pytree.treespec_loads(s)
+    except Exception as e:  # noqa: BLE001
+        raise _Bad(key, f"not a pytree spec ({type(e).__name__}: {e})")
+    _need(spec.num_leaves == leaves, key, f"has {spec.num_leaves} leaves, the manifest "
+          f"describes {leaves}")
+
+
+def _constants(m: dict, constants_len: int) -> None:
+    table = m.get("host_constants")
+    if not table:
+        return
+    _need(isinstance(table, dict), "host_constants", "expected an object")
+    for name, d in table.items():
+        f = f"host_constants.{name}"
+        _need(isinstance(d, dict), f, "expected an object")
+        try:
+            dtype = getattr(torch, str(d.get("dtype")))
+            _need(isinstance(dtype, torch.dtype), f"{f}.dtype", "unknown dtype")
+        except AttributeError:
+            raise _Bad(f"{f}.dtype", f"unknown dtype {d.get('dtype')!r}") from None
+        shape = d.get("shape")
+        _need(isinstance(shape, list) and all(_is_int(s) and s >= 0 for s in shape),
+              f"{f}.shape", f"expected a list of sizes, got {shape!r}")
+        off, n = d.get("offset"), d.get("nbytes")
+        _need(_is_int(off) and off >= 0 and off % 64 == 0, f"{f}.offset",
+              f"expected a 64-byte aligned offset, got {off!r}")
+        want = math.prod(shape) * dtype.itemsize
+        _need(_is_int(n) and n == want, f"{f}.nbytes",
+              f"expected {want} (shape {shape}, {dtype}), got {n!r}")
+        _need(off + n <= constants_len, f"{f}.offset",
+              f"bytes {off}..{off + n} lie outside the constants ({constants_len} bytes)")
+    _need(isinstance(m.get("constants_sha256"), str) and _HEX64.match(m["constants_sha256"]),
+          "constants_sha256", "expected a SHA-256 hex digest")
+
+
+_OPERAND_KINDS = ("tensor", "tensor_list", "scalar", "static")
+
+
+def _kernel_call(k: Any, f: str) -> None:
+    """One kernel call's JSON (``aot.fallback.spec.KernelCallSpec``), members included."""
+    _need(isinstance(k, dict), f, "expected an object")
+    for key in ("key", "op", "overload"):
+        _need(isinstance(k.get(key), str), f"{f}.{key}", f"expected a string, got {k.get(key)!r}")
+    _need("::" in k["op"], f"{f}.op", f"expected 'namespace::name', got {k['op']!r}")
+    for key in ("inputs", "results"):
+        ts = k.get(key)
+        _need(isinstance(ts, list), f"{f}.{key}", "expected a list")
+        for j, t in enumerate(ts):
+            _tensor(t, f"{f}.{key}[{j}]")
+    ops = k.get("operands")
+    _need(isinstance(ops, list), f"{f}.operands", "expected a list")
+    for j, o in enumerate(ops):
+        g = f"{f}.operands[{j}]"
+        _need(isinstance(o, dict) and _one_of(o.get("kind"), _OPERAND_KINDS)
+              and isinstance(o.get("name"), str), g, f"expected an operand of kind {_OPERAND_KINDS}")
+        kind = o["kind"]
+        if kind in ("tensor", "scalar"):
+            _need(_is_int(o.get("index")) and o["index"] >= 0, f"{g}.index", "expected an index")
+        if kind == "tensor" and "spec" in o:
+            _tensor(o["spec"], f"{g}.spec")
+        if kind == "tensor" and "spec" not in o:
+            _need(o["index"] < len(k["inputs"]), f"{g}.index",
+                  f"expected an index below {len(k['inputs'])}")
+        if kind == "tensor_list":
+            _need(isinstance(o.get("indices"), list) and all(_is_int(i) for i in o["indices"]),
+                  f"{g}.indices", "expected a list of indices")
+        if kind == "scalar":
+            _need(_one_of(o.get("scalar_kind"), _SCALAR_KINDS), f"{g}.scalar_kind",
+                  f"expected one of {_SCALAR_KINDS}")
+        if kind == "static":
+            _need(isinstance(o.get("type"), str), f"{g}.type", "expected a string")
+            _static(o.get("value"), f"{g}.value")
+    _need(isinstance(k.get("result_kinds", ""), str), f"{f}.result_kinds", "expected a string")
+    for key in ("scalar_inputs", "members", "output_slots", "constants"):
+        _need(isinstance(k.get(key, []), list), f"{f}.{key}", "expected a list")
+    for j, sub in enumerate(k.get("members", [])):
+        _kernel_call(sub, f"{f}.members[{j}]")
+
+
+def _kernel_calls(m: dict) -> set:
+    from .fallback.spec import KernelCallSpec
+    calls = _typed(m, "kernel_calls", list)
+    keys = set()
+    for i, k in enumerate(calls):
+        f = f"kernel_calls[{i}]"
+        _kernel_call(k, f)
+        try:
+            KernelCallSpec.from_json(k)
+        except AotError as e:
+            raise _Bad(f, str(e))
+        except Exception as e:  # noqa: BLE001
+            raise _Bad(f, f"malformed ({type(e).__name__}: {e})")
+        keys.add(k.get("key"))
+    return keys
+
+
+def _host_program(m: dict, n_inputs: int) -> None:
+    hp = m.get("host_program")
+    if hp is None:
+        return
+    _need(isinstance(hp, dict), "host_program", "expected an object")
+    for key in ("inputs", "nodes", "outputs"):
+        _need(isinstance(hp.get(key), list), f"host_program.{key}", "expected a list")
+    consts = m.get("host_constants") or {}
+    for i, d in enumerate(hp["inputs"]):
+        f = f"host_program.inputs[{i}]"
+        _need(isinstance(d, dict) and isinstance(d.get("node"), str), f,
+              "expected an object with a node name")
+        if "user" in d:
+            _need(_is_int(d["user"]) and 0 <= d["user"] < n_inputs, f"{f}.user",
+                  f"expected an input index below {n_inputs}, got {d['user']!r}")
+        else:
+            name = d.get("constant", d.get("state"))
+            _need(_one_of(name, consts), f, f"names constant {name!r}, which host_constants lacks")
+    for i, d in enumerate(hp["nodes"]):
+        f = f"host_program.nodes[{i}]"
+        _need(isinstance(d, dict) and isinstance(d.get("name"), str)
+              and isinstance(d.get("target"), str), f, "expected an object with name and target")
+        _need(isinstance(d.get("args", []), list), f"{f}.args", "expected a list")
+        _need(isinstance(d.get("kwargs", {}), dict), f"{f}.kwargs", "expected an object")
+
+
+def _checks(m: dict, constants_len: int) -> None:
+    for key in ("name", "target", "torch_version", "iree_version"):
+        _typed(m, key, str)
+    _need(_one_of(m.get("driver"), DRIVERS), "driver", f"expected one of {DRIVERS}, got "
+          f"{m.get('driver')!r}")
+    flags = _typed(m, "flags", list)
+    _need(all(isinstance(f, str) for f in flags), "flags", "expected strings")
+    _need(isinstance(m.get("vmfb_sha256"), str) and _HEX64.match(m["vmfb_sha256"]),
+          "vmfb_sha256", "expected a SHA-256 hex digest")
+    inputs = _typed(m, "inputs", list)
+    kinds = [_leaf(d, f"inputs[{i}]", ("static",)) for i, d in enumerate(inputs)]
+    names = _typed(m, "input_names", list, optional=True)
+    if names is not None:
+        _need(len(names) == len(inputs) and all(isinstance(n, str) for n in names),
+              "input_names", f"expected {len(inputs)} strings")
+    outputs = _typed(m, "outputs", list)
+    for i, d in enumerate(outputs):
+        _leaf(d, f"outputs[{i}]", ("static", "scalar"))
+    mutations = _typed(m, "mutations", list, optional=True) or []
+    for i, d in enumerate(mutations):
+        f = f"mutations[{i}]"
+        _need(isinstance(d, dict) and len(d) == 1 and _one_of(next(iter(d)), ("input", "buffer")), f,
+              "expected {\"input\": index} or {\"buffer\": name}")
+        if "input" in d:
+            k = d["input"]
+            _need(_is_int(k) and 0 <= k < len(inputs) and kinds[k] == "tensor", f"{f}.input",
+                  f"expected the index of a tensor input, got {k!r}")
+            _need(outputs[i].get("dtype") is not None, f"outputs[{i}]",
+                  "an updated input's new value must be a tensor")
+        else:
+            _need(isinstance(d["buffer"], str), f"{f}.buffer", "expected a name")
+    _need(len(outputs) >= len(mutations), "outputs", "fewer outputs than mutations")
+    returns = _typed(m, "returns_input", list, optional=True) or []
+    _need(len(returns) in (0, len(outputs) - len(mutations)), "returns_input",
+          f"expected {len(outputs) - len(mutations)} entries, got {len(returns)}")
+    for i, k in enumerate(returns):
+        _need(k is None or (_is_int(k) and 0 <= k < len(inputs) and kinds[k] == "tensor"),
+              f"returns_input[{i}]", f"expected null or a tensor input's index, got {k!r}")
+    _spec(m, "in_spec", len(inputs))
+    _spec(m, "out_spec", len(outputs) - len(mutations))
+    keys = _kernel_calls(m)
+    wpc = m.get("whole_program_call")
+    _need(wpc is None or _one_of(wpc, keys), "whole_program_call",
+          f"names {wpc!r}, which is not a kernel call key")
+    placements = _typed(m, "placements", list)
+    for i, p in enumerate(placements):
+        f = f"placements[{i}]"
+        _need(isinstance(p, dict) and isinstance(p.get("op"), str)
+              and _one_of(p.get("where"), ("compiled", "kernel_call")), f,
+              "expected {op, where: compiled|kernel_call, ...}")
+        for key in ("reason", "location", "node"):
+            _need(p.get(key) is None or isinstance(p[key], str), f"{f}.{key}",
+                  "expected a string or null")
+        flops = p.get("flops")
+        _need(flops is None or (isinstance(flops, (int, float)) and not isinstance(flops, bool)),
+              f"{f}.flops", "expected a number or null")
+        _need(p.get("key") is None or isinstance(p["key"], str), f"{f}.key",
+              "expected a string or null")
+    ex = m.get("executor")
+    _need(ex is None or isinstance(ex, dict), "executor", "expected an object or null")
+    _constants(m, constants_len)
+    _host_program(m, len(inputs))
+    for key, types in (("compile_seconds", (int, float)), ("folded_ops", int),
+                       ("policy", dict), ("region", dict)):
+        v = m.get(key)
+        _need(v is None or (isinstance(v, types) and not isinstance(v, bool)), key,
+              f"expected {_names(types)}, got {type(v).__name__}")
+
+
+def check_manifest(manifest: dict, constants_len: int, path: str) -> None:
+    """Raise ``ArtifactError`` naming the first field of ``manifest`` that is malformed."""
+    try:
+        _checks(manifest, constants_len)
+    except _Bad as e:
+        raise ArtifactError(f"{path!r}: malformed manifest field {e}", stage="load") from None
+
+
+def reading(path: str, what: str, fn: Callable[[], Any]) -> Any:
+    """``fn()``; an exception that is not an ``AotError`` becomes an ``ArtifactError``
+    naming ``what`` (a last line of defence behind ``check_manifest``)."""
+    try:
+        return fn()
+    except AotError:
+        raise
+    except Exception as e:  # noqa: BLE001
+        raise ArtifactError(f"{path!r}: malformed manifest ({what}: {type(e).__name__}: {e})",
+                            stage="load") from e
