@@ -125,6 +125,14 @@ class CompiledModule:
         return format_report(self.manifest)
 
     def __call__(self, *args, **kwargs):
+        """Run the model. Outputs carry no autograd history on any path (compiled
+        code, kernel calls, the host program): an artifact is for inference, so
+        ``requires_grad`` inputs are read as values and results never have a
+        ``grad_fn`` nor ``requires_grad`` (train with eager PyTorch)."""
+        with torch.no_grad():
+            return self._call(args, kwargs)
+
+    def _call(self, args, kwargs):
         if self._positional and not kwargs and len(args) == len(self.inputs):
             flat = args
         else:
