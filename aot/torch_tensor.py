@@ -231,11 +231,13 @@ class TorchTensor:
             return self
         return TorchTensor(self.dtype, self.shape, _contiguous_strides(self.shape), self.qparams)
 
-    def check(self, t: Any, name: str) -> None:
+    def check(self, t: Any, name: str, strict_layout: bool = True) -> None:
         """Raise :class:`InputMismatch` naming the field if ``t`` does not match.
 
-        Strides are checked by memory format: a channels-last input where a
-        contiguous one was compiled for (or the reverse) is an error, not a copy.
+        Strides are checked by memory format when ``strict_layout``: a
+        channels-last input where a contiguous one was compiled for (or the
+        reverse) is then an error, not a copy. Without it, any strided tensor of
+        the right shape and dtype passes (the caller converts it).
         """
         if (isinstance(t, torch.Tensor) and t.layout == torch.strided
                 and t.dtype == self.torch_dtype and self.qparams is None
@@ -272,10 +274,11 @@ class TorchTensor:
             raise InputMismatch(f"{name}: dtype mismatch: expected {self.dtype}, "
                                 f"got {str(t.dtype).replace('torch.', '')}")
         got = TorchTensor.from_tensor(t)
-        if got.memory_format != self.memory_format:
+        if strict_layout and got.memory_format != self.memory_format:
             raise InputMismatch(f"{name}: memory format mismatch: expected {self.memory_format} "
                                 f"(strides {list(self.strides)}), got {got.memory_format} "
-                                f"(strides {list(got.strides)})")
+                                f"(strides {list(got.strides)}); strict_layout=False "
+                                "converts it instead")
         if got.qparams != self.qparams:
             raise InputMismatch(f"{name}: quantization parameters mismatch: expected "
                                 f"{self.qparams}, got {got.qparams}")

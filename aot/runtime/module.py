@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import atexit
 import logging
+import warnings
 import weakref
 
 import torch
@@ -35,13 +36,23 @@ class CompiledModule:
 
     Args:
         artifact: a CompiledArtifact (from ``aot.compile`` or ``aot.load``).
+        strict_layout: refuse (``InputMismatch``) an input whose memory layout
+            is not the compiled one; by default it is converted (a copy, counted
+            in ``layout_conversions``, warned about once), as eager accepts any
+            strides. Settable on the module.
     Raises:
         ArtifactError: the artifact's device cannot be opened, or a kernel
             call's op is not registered in this process.
     """
 
-    def __init__(self, artifact: CompiledArtifact, *, open_device: bool = True):
+    def __init__(self, artifact: CompiledArtifact, *, open_device: bool = True,
+                 strict_layout: bool = False):
         self.artifact = artifact
+        # an input in another layout than the compiled one (transposed, channels-last,
+        # expanded) is converted, as eager accepts any strides; strict refuses it
+        self.strict_layout = strict_layout
+        self.layout_conversions = 0
+        self._warned_layout = False
         self.host = None
         self._direct = None
         m = artifact.manifest
@@ -163,6 +174,20 @@ class CompiledModule:
             return self._user_outputs(flat, self._leaves(outs))
         return outs[0] if self._one_out else _unflatten(outs, self.out_spec)
 
+    def _converted(self, leaf: torch.Tensor, want: TorchTensor, name: str) -> None:
+        """Count an input given in another layout than the compiled one (it is copied)."""
+        got = TorchTensor.from_tensor(leaf)
+        if got.memory_format == want.memory_format and want.memory_format != "strided":
+            return  # the same layout (size-1 dims' strides aside)
+        self.layout_conversions += 1
+        if not self._warned_layout:
+            self._warned_layout = True
+            warnings.warn(f"{name}: compiled for {want.memory_format} (strides "
+                          f"{list(want.strides)}), given {got.memory_format} (strides "
+                          f"{list(got.strides)}): converted on every such call (counted in "
+                          "layout_conversions; strict_layout=True refuses instead)",
+                          stacklevel=5)
+
     def _program_inputs(self, flat) -> list:
         """The caller's leaves as the host program takes them (quantized: storage form)."""
         return [want.to_storage(leaf) if isinstance(want, TorchTensor) and want.qparams
@@ -194,16 +219,22 @@ class CompiledModule:
         dense = []
         for leaf, want, name in zip(flat, self.inputs, self.input_names):
             if isinstance(want, TorchTensor):
-                want.check(leaf, name)
+                want.check(leaf, name, self.strict_layout)
                 if leaf.device.type != self.torch_device.type or (
                         leaf.device.type == "cuda" and (leaf.device.index or 0) != 0):
                     raise InputMismatch(f"{name}: expected a tensor on {self.torch_device} "
                                         f"(module compiled for {self.manifest['target']}), got "
                                         f"one on {leaf.device}")
                 # quantized: its integer representation (qparams checked above);
-                # .contiguous() copies only for a non-row-major spec (recorded).
+                # .contiguous() copies only for a non-row-major spec (recorded) or an
+                # input in another layout than the compiled one (counted, warned once).
                 # A sparse input only ever reaches the host program: as it is.
-                dense.append(leaf if want.is_sparse else want.to_storage(leaf, name).contiguous())
+                if want.is_sparse:
+                    dense.append(leaf)
+                    continue
+                if leaf.stride() != want.strides and self.program is None:
+                    self._converted(leaf, want, name)
+                dense.append(want.to_storage(leaf, name).contiguous())
             else:
                 self._check_static(leaf, want, name)
         return dense
@@ -273,16 +304,19 @@ def _eager_layout(t: torch.Tensor, spec: TorchTensor) -> torch.Tensor:
     return out.expand(spec.shape) if zero else out
 
 
-def load(path: str) -> CompiledModule:
+def load(path: str, *, strict_layout: bool = False) -> CompiledModule:
     """Load an artifact written by ``CompiledModule.save`` / ``aot compile``.
 
     Needs ``iree-base-runtime`` and torch only (never ``iree.compiler``).
+    ``strict_layout=True``: an input in another memory layout than the compiled
+    one is an ``InputMismatch`` instead of a counted conversion.
 
     Raises:
         ArtifactError: missing, corrupt, truncated or incompatible file.
     """
     art = load_artifact(path)
-    return reading(path, "opening the module", lambda: CompiledModule(art))
+    return reading(path, "opening the module",
+                   lambda: CompiledModule(art, strict_layout=strict_layout))
 
 
 @atexit.register
