@@ -175,7 +175,27 @@ def _first_line(e: BaseException) -> str:
 
 def _export(model, args, kwargs, options, name) -> torch.export.ExportedProgram:
     """torch.export in the requested mode; when that fails, the other mode is tried
-    (each captures programs the other cannot), with a warning naming the switch."""
+    (each captures programs the other cannot), with a warning naming the switch.
+
+    A model that sets torch's global RNG state in Python during ``forward``
+    (``torch.manual_seed``) gets a warning: export runs that call once, while
+    tracing, and records no op for it, so the artifact's random draws follow the
+    caller's RNG state, not the seed (eager's draws would). The caller's RNG
+    state is restored after the capture.
+    """
+    rng = torch.get_rng_state()
+    try:
+        return _export_modes(model, args, kwargs, options, name)
+    finally:
+        if not torch.equal(torch.get_rng_state(), rng):
+            log.warning("%s changed torch's global RNG state while being captured (a "
+                        "torch.manual_seed or a Python-side random draw in forward): "
+                        "torch.export records no op for it, so the compiled model's random "
+                        "ops do not see that seed", name)
+            torch.set_rng_state(rng)
+
+
+def _export_modes(model, args, kwargs, options, name) -> torch.export.ExportedProgram:
     try:
         ep = torch.export.export(model, args, kwargs, strict=options.strict)
     except Exception as e:  # torch raises many types here; all are the user's model

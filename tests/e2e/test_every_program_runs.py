@@ -301,3 +301,16 @@ def test_capture_falls_back_to_the_other_export_mode():
 
     with pytest.raises(aot.ExportFailed, match="strict=True.*strict=False|strict=False.*strict"):
         aot.compile(DataDependentBranch(), (torch.randn(3),))
+
+
+def test_a_seed_set_in_forward_is_warned_about(caplog):
+    # torch.export runs torch.manual_seed while tracing and records no op for it
+    def seeded(x):
+        torch.manual_seed(1)
+        return x + torch.rand(3)
+
+    state = torch.get_rng_state()
+    with caplog.at_level("WARNING"):
+        aot.compile(Fn(seeded).eval(), (torch.zeros(3),))
+    assert "changed torch's global RNG state" in caplog.text
+    assert torch.equal(torch.get_rng_state(), state)  # the caller's RNG state is kept
