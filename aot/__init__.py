@@ -29,7 +29,7 @@ __version__ = "0.1.0"
 
 def compile(model, args=(), *, example_kwargs=None, target: str = "cpu", fallback: str = "auto",
             fallback_ops=(), strict: bool = False, extra_flags=(),
-            profile: str = "default", placement: str = "auto") -> CompiledModule:
+            profile: str = "default", placement: str = "auto", plan=None) -> CompiledModule:
     """Compile ``model`` for ``target`` and load it, ready to call.
 
     Args:
@@ -50,6 +50,10 @@ def compile(model, args=(), *, example_kwargs=None, target: str = "cpu", fallbac
             once, cached), and a program with heavy ops is then timed end to
             end against whole ATen regions (``aot.lower.regions``), keeping
             the faster; ``"coverage"``: everything IREE covers is compiled.
+        plan: the decisions of an earlier compile to reuse instead of measuring
+            (``CompiledModule.plan()``, or the path of a JSON file holding it).
+            Without it, a decision measured on this machine for this program is
+            reused from the cache (``aot.lower.regions``).
     Returns:
         CompiledModule: call it like the model; ``.save(path)``, ``.report()``.
     Raises:
@@ -60,7 +64,10 @@ def compile(model, args=(), *, example_kwargs=None, target: str = "cpu", fallbac
     from .lower.placement import PlacementPolicy
     from .lower.targets import get_target
 
-    policy = PlacementPolicy.make(fallback, fallback_ops, placement)
+    if isinstance(plan, str):
+        from .lower.regions import read_plan
+        plan = read_plan(plan)
+    policy = PlacementPolicy.make(fallback, fallback_ops, placement, plan)
     tgt = get_target(target, tuple(extra_flags), profile)
     imported = import_model(model, args, example_kwargs, ImportOptions(strict=strict))
     # Compiling never needs the target device: without it, the module opens the

@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import importlib.util
+import json
 import os
 import statistics
 import sys
@@ -79,7 +80,11 @@ def cmd_compile(args) -> int:
     from .lower.placement import PlacementPolicy
     from .lower.targets import get_target
 
-    policy = PlacementPolicy.make(args.fallback, args.fallback_op, args.placement)
+    plan = None
+    if args.plan:
+        from .lower.regions import read_plan
+        plan = read_plan(args.plan)
+    policy = PlacementPolicy.make(args.fallback, args.fallback_op, args.placement, plan)
     target = get_target(args.target, tuple(args.flag))
     model, example = _model_and_inputs(args)
     t0 = time.perf_counter()
@@ -97,6 +102,11 @@ def cmd_compile(args) -> int:
     art = compile_model(imported, target, policy, example=(tuple(example), {}))
     out = args.output or f"{imported.name.lower()}.aot"
     art.save(out)
+    if args.save_plan:
+        from .lower.regions import plan_of
+        with open(args.save_plan, "w") as f:
+            json.dump(plan_of(art.manifest), f, indent=1)
+        _step(f"wrote the placement plan to {args.save_plan}")
     n_kc = len(art.manifest["kernel_calls"])
     _step(f"wrote {out} ({os.path.getsize(out) / 1e6:.1f} MB, {n_kc} kernel calls) "
           f"in {time.perf_counter() - t0:.1f}s")
@@ -230,6 +240,9 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--placement", default="auto",
                    help="auto (heavy ops where they measure faster) or coverage")
     c.add_argument("--strict", action="store_true", help="torch.export strict mode")
+    c.add_argument("--plan", help="reuse the placement decisions saved by --save-plan "
+                                  "(instead of measuring)")
+    c.add_argument("--save-plan", help="write this compile's placement decisions (JSON)")
     c.add_argument("--emit", choices=["torch", "partitioned"],
                    help="print the MLIR at this stage instead of compiling")
     c.set_defaults(fn=cmd_compile)

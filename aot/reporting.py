@@ -42,9 +42,14 @@ def format_report(manifest: dict) -> str:
                      "compile time and stored as constants (not counted above)")
     region = manifest.get("region")
     if region:
-        times = ", ".join(f"{k} {v:.3f}" for k, v in region["candidates_ms"].items())
-        lines.append(f"region placement, measured end to end on this machine (median ms): "
-                     f"{times} -> {region['chosen']}")
+        spread = region.get("spread_ms") or {}
+        times = ", ".join(f"{k} {v:.3f}" + (f" ±{spread[k]:.3f}" if k in spread else "")
+                          for k, v in (region.get("candidates_ms") or {}).items())
+        lines.append(f"region placement, measured end to end on this machine (median ms "
+                     f"± half the interquartile range): {times or 'not measured'} -> "
+                     f"{region['chosen']}")
+        if region.get("source", "measured") != "measured":
+            lines.append(f"  the decision was {region['source']}")
     if manifest.get("driver") == "local-sync":
         lines.append("compiled code runs on IREE's local-sync driver: on the calling thread, "
                      "so no hand-off to worker threads around each kernel call")

@@ -115,8 +115,9 @@ def compile_model(imported: ImportedProgram, target: Target,
     try:
         return _compile_split(imported, target, policy, example, t0)
     except Exception as e:
-        if isinstance(e, AotError) and not isinstance(e, (CompileFailed, UnsupportedOp)):
-            raise
+        if isinstance(e, AotError) and (not isinstance(e, (CompileFailed, UnsupportedOp))
+                                        or e.stage == "options"):
+            raise  # the user's options (a plan, a policy) are wrong: say so
         text = str(e) if isinstance(e, AotError) else f"{type(e).__name__}: {e}"
         first = (text.strip().splitlines() or [type(e).__name__])[0]
         if policy.fallback == "none":

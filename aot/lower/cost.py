@@ -50,7 +50,8 @@ class Cost:
                 "(measured on this machine)")
 
 
-def _machine_key() -> str:
+def machine_key() -> str:
+    """This CPU, its core count, torch's threads and version: what a measurement depends on."""
     cpu = platform.processor() or platform.machine()
     try:
         with open("/proc/cpuinfo") as f:
@@ -64,7 +65,7 @@ class CostCache(JsonCache):
     """Measurements on disk, one JSON file per machine, IREE version, target and flags."""
 
     def __init__(self, target: Target, directory: str | None = None):
-        super().__init__("cost", target, key=_machine_key(), directory=directory)
+        super().__init__("cost", target, key=machine_key(), directory=directory)
 
     def get(self, sig: str) -> Cost | None:
         d = self.data.get(sig)

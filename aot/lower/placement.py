@@ -30,6 +30,7 @@ class PlacementPolicy:
     fallback_ops: tuple[str, ...] = ()
     placement: str = "auto"  # "auto": heavy ops go where they measure faster; "coverage"
     group: bool = True       # neighbouring kernel calls run as one crossing
+    plan: dict | None = None  # a previous compile's decisions to reuse (``aot.lower.regions``)
 
     def __post_init__(self):
         if self.placement not in PLACEMENTS:
@@ -48,12 +49,19 @@ class PlacementPolicy:
                                     "('aten.layer_norm') nor a registered op namespace",
                                     stage="options")
 
+        if self.plan is not None and (not isinstance(self.plan, dict) or "region" not in self.plan
+                                      or not isinstance(self.plan["region"], (str, type(None)))):
+            raise UnsupportedOp("plan should be what CompiledModule.plan() returned: an object "
+                                "with a 'region' entry (a candidate name or null)",
+                                stage="options")
+
     @staticmethod
-    def make(fallback: str, fallback_ops, placement: str = "auto") -> "PlacementPolicy":
+    def make(fallback: str, fallback_ops, placement: str = "auto",
+             plan: dict | None = None) -> "PlacementPolicy":
         names = []
         for o in fallback_ops or ():
             names.append(str(o).replace("::", ".") if not isinstance(o, str) else o.replace("::", "."))
-        return PlacementPolicy(fallback, tuple(names), placement)
+        return PlacementPolicy(fallback, tuple(names), placement, plan=plan)
 
 
 @dataclass(frozen=True)

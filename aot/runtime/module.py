@@ -126,6 +126,12 @@ class CompiledModule:
         """Kernel calls made by this module so far (one per crossing into ATen)."""
         return self.host.calls if self.host is not None else 0
 
+    def plan(self) -> dict:
+        """The placement decisions of this compile (the region candidate chosen), to
+        pass as ``aot.compile(..., plan=...)`` so another compile makes the same ones."""
+        from ..lower.regions import plan_of
+        return plan_of(self.manifest)
+
     def save(self, path: str) -> None:
         """Write the artifact to one file, loadable by :func:`load`."""
         self.artifact.save(path)

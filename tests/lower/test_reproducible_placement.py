@@ -1,0 +1,71 @@
+"""A measured placement is reproducible: a second compile reuses it; a plan pins it.
+
+The region decision (``aot.lower.regions``) is cached per program and machine, so
+compiling the same model twice on one machine gives the same placements and the
+same artifact bytes' decisions; ``CompiledModule.plan()`` pinned into another
+compile gives its choice without measuring; ``AOT_REMEASURE=1`` measures again.
+"""
+
+import pytest
+import torch
+
+import aot
+
+
+class Small(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a = torch.nn.Linear(64, 64)
+        self.b = torch.nn.Linear(64, 8)
+
+    def forward(self, x):
+        return self.b(torch.special.i0(self.a(x) * 0.1))
+
+
+def _placements(cm):
+    return [(p["node"], p["where"]) for p in cm.manifest["placements"]], \
+        (cm.manifest.get("region") or {}).get("chosen"), cm.manifest["driver"]
+
+
+@pytest.fixture()
+def cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("AOT_CACHE_DIR", str(tmp_path))
+    monkeypatch.delenv("AOT_REMEASURE", raising=False)
+    return tmp_path
+
+
+def test_second_compile_reuses_the_decision(cache):
+    torch.manual_seed(0)
+    m, x = Small().eval(), torch.randn(4, 64)
+    first = aot.compile(m, (x,))
+    assert first.manifest["region"]["source"] == "measured"
+    second = aot.compile(m, (x,))
+    assert "reused" in second.manifest["region"]["source"]
+    assert _placements(second) == _placements(first)
+    assert "the decision was reused" in second.report()
+    with torch.no_grad():
+        torch.testing.assert_close(second(x), m(x), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("pin", ["iree", "aten"])
+def test_a_plan_pins_the_choice(cache, pin, tmp_path):
+    import json
+    torch.manual_seed(0)
+    m, x = Small().eval(), torch.randn(4, 64)
+    cm = aot.compile(m, (x,), plan={"region": pin})
+    assert cm.manifest["region"]["chosen"] == pin
+    assert "pinned" in cm.manifest["region"]["source"]
+    path = tmp_path / "plan.json"
+    path.write_text(json.dumps(cm.plan()))
+    again = aot.compile(m, (x,), plan=str(path))
+    assert _placements(again) == _placements(cm)
+    with torch.no_grad():
+        torch.testing.assert_close(again(x), m(x), rtol=1e-5, atol=1e-5)
+
+
+def test_a_plan_naming_a_missing_candidate_is_an_error(cache):
+    m, x = Small().eval(), torch.randn(4, 64)
+    with pytest.raises(aot.UnsupportedOp, match="pins region candidate 'aten-int8-onednn'"):
+        aot.compile(m, (x,), plan={"region": "aten-int8-onednn"})
+    with pytest.raises(aot.UnsupportedOp, match="plan should be"):
+        aot.compile(m, (x,), plan={"nothing": 1})
