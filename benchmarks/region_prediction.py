@@ -1,0 +1,146 @@
+"""Is the region decision reproducible, and does a candidate's measured time predict its speed?
+
+    python benchmarks/region_prediction.py                      # the default models
+    python benchmarks/region_prediction.py --models resnet18,mobilenet_v3_small --compiles 2
+
+For each model: ``--compiles`` compiles with the default placement, each measuring
+afresh (``AOT_REMEASURE=1``, an empty cache). The script records the chosen candidate
+and every candidate's median ± spread. Then it runs a third compile with the cache
+of the first, to check that the decision is reused. Last, it times the chosen
+artifact by itself (``--calls`` calls after a warm-up, median). The prediction
+ratio is the run time divided by the time measured at compile time: 1.0 means the
+measurement predicted the run exactly. Writes ``region_prediction.md`` to ``--out``.
+Random weights; no denormal handling is needed for these models (no EfficientNet).
+This is a benchmark, not a test: nothing here asserts.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import statistics
+import sys
+import tempfile
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+
+DEFAULT = "small,mobilenet_v3_small,resnet18,bert"
+
+
+def _model(name: str):
+    import torch
+    if name == "small":
+        torch.manual_seed(0)
+        m = torch.nn.Sequential(torch.nn.Linear(256, 256), torch.nn.GELU(),
+                                torch.nn.Linear(256, 10)).eval()
+        return m, (torch.randn(8, 256),)
+    if name in ("mobilenet_v3_small", "mobilenet_v2", "resnet50"):
+        import torchvision
+        torch.manual_seed(0)
+        return getattr(torchvision.models, name)().eval(), (torch.randn(1, 3, 224, 224),)
+    from models import get
+    return get(name)
+
+
+def _time(cm, args, calls: int) -> float:
+    import torch
+    with torch.no_grad():
+        for _ in range(3):
+            cm(*args)
+        ts = []
+        for _ in range(calls):
+            t = time.perf_counter()
+            cm(*args)
+            ts.append((time.perf_counter() - t) * 1e3)
+    return statistics.median(ts)
+
+
+def run(models: list[str], compiles: int, calls: int) -> list[dict]:
+    import aot
+    rows = []
+    for name in models:
+        model, args = _model(name)
+        decisions = []
+        first_cache = None
+        for i in range(compiles):
+            cache = tempfile.mkdtemp(prefix="aot-regions-")
+            first_cache = first_cache or cache
+            os.environ["AOT_CACHE_DIR"] = cache
+            os.environ["AOT_REMEASURE"] = "1"
+            t = time.perf_counter()
+            cm = aot.compile(model, args)
+            secs = time.perf_counter() - t
+            region = cm.manifest.get("region") or {}
+            decisions.append((cm, region, secs))
+            print(f"{name} compile {i + 1}: {region.get('chosen')} "
+                  f"{region.get('candidates_ms')} ±{region.get('spread_ms')} ({secs:.1f} s)",
+                  flush=True)
+        os.environ.pop("AOT_REMEASURE", None)
+        os.environ["AOT_CACHE_DIR"] = first_cache
+        reused = aot.compile(model, args)
+        cm, region, _ = decisions[0]
+        chosen = region.get("chosen")
+        run_ms = _time(cm, args, calls)
+        measured = (region.get("candidates_ms") or {}).get(chosen)
+        rows.append({
+            "model": name, "choices": [d[1].get("chosen") for d in decisions],
+            "reused": (reused.manifest.get("region") or {}).get("chosen"),
+            "reused_source": (reused.manifest.get("region") or {}).get("source", ""),
+            "candidates": region.get("candidates_ms"), "spread": region.get("spread_ms"),
+            "measured_ms": measured, "run_ms": run_ms,
+            "ratio": (run_ms / measured) if measured else None})
+        print(rows[-1], flush=True)
+    return rows
+
+
+def table(rows: list[dict]) -> str:
+    import torch
+    cpu = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo") as f:
+            cpu = next(ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name"))
+    except (OSError, StopIteration):
+        pass
+    lines = [f"# Region decisions: reproducible? predictive?", "",
+             f"{cpu}, {os.cpu_count()} cores, torch {torch.__version__}, "
+             f"{torch.get_num_threads()} threads", "",
+             "| model | choice per fresh compile | reused by a cached compile | measured ms "
+             "(chosen) | run ms (median) | run / measured |",
+             "|---|---|---|---|---|---|"]
+    for r in rows:
+        ratio = f"{r['ratio']:.2f}" if r["ratio"] else "-"
+        meas = f"{r['measured_ms']:.3f}" if r["measured_ms"] else "-"
+        lines.append(f"| {r['model']} | {', '.join(map(str, r['choices']))} | {r['reused']} | "
+                     f"{meas} | {r['run_ms']:.3f} | {ratio} |")
+    lines += ["", "Candidates (median ms ± half the interquartile range, first compile):", ""]
+    for r in rows:
+        c = r["candidates"] or {}
+        s = r["spread"] or {}
+        lines.append(f"- {r['model']}: " + ", ".join(
+            f"{k} {v:.3f} ±{s.get(k, 0):.3f}" for k, v in c.items()))
+    return "\n".join(lines) + "\n"
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--models", default=DEFAULT)
+    ap.add_argument("--compiles", type=int, default=2)
+    ap.add_argument("--calls", type=int, default=30)
+    ap.add_argument("--out", default="region-prediction")
+    a = ap.parse_args(argv)
+    import logging
+    logging.disable(logging.WARNING)
+    rows = run(a.models.split(","), a.compiles, a.calls)
+    os.makedirs(a.out, exist_ok=True)
+    text = table(rows)
+    with open(os.path.join(a.out, "region_prediction.md"), "w") as f:
+        f.write(text)
+    print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
