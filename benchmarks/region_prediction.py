@@ -27,7 +27,7 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-DEFAULT = "small,mobilenet_v3_small,resnet18,bert"
+DEFAULT = "custom_op,mobilenet_v3_small,resnet18,bert"
 
 
 def _model(name: str):

@@ -44,9 +44,10 @@ MobileNetV3-Small's ``aten-prepacked`` timed 13.0 ms in one compile and 5.0 ms
 in another.
 
 **Deciding.** Each candidate's median and spread (half its interquartile range)
-are recorded. A candidate replaces the per-op ``iree`` placement only when it
-is faster by more than both spreads and by more than ``MARGIN`` of ``iree``'s
-median; between such candidates, the fastest.
+are recorded. Starting from the per-op ``iree`` placement, each candidate in a
+fixed order replaces the current choice only when it is faster by more than both
+spreads and by more than ``MARGIN`` of the current median, so near-ties keep the
+earlier candidate.
 
 **Reproducing.** A decision is cached on disk (``$AOT_CACHE_DIR``, like the
 coverage verdicts) under a key of the program, its example input specs, the
@@ -171,18 +172,25 @@ def choose_region(per_op: CompiledArtifact, imported: ImportedProgram, target: T
     return _with_region(cands[best], region, placements, policy)
 
 
+# the tournament's order: the per-op placement first, then the simpler regions
+_ORDER = ["iree", "iree-sync", "aten", "aten-prepacked", "aten-channels-last", "aten-int8-onednn"]
+
+
 def _decide(stats: dict[str, tuple[float, float, int]]) -> dict:
     """The region entry: every candidate's median and spread, and the choice.
 
     ``iree`` stands unless a candidate beats it by more than both spreads and
-    by ``MARGIN``; among those, the fastest median wins.
+    by ``MARGIN``; the winner then meets the next candidate in ``_ORDER`` the same way.
     """
     med = {k: v[0] for k, v in stats.items()}
     spread = {k: v[1] for k, v in stats.items()}
-    base = med["iree"]
-    winners = [k for k in med if k != "iree" and base - med[k] > max(
-        spread["iree"], spread[k], MARGIN * base)]
-    chosen = min(winners, key=med.get) if winners else "iree"
+    # a tournament in a fixed order: a candidate replaces the current choice only when
+    # it wins beyond the noise, so near-ties keep the earlier one (reproducibly)
+    chosen = "iree"
+    for k in sorted(med, key=_ORDER.index if all(c in _ORDER for c in med) else str):
+        if k != chosen and med[chosen] - med[k] > max(spread[chosen], spread[k],
+                                                       MARGIN * med[chosen]):
+            chosen = k
     return {"candidates_ms": {k: round(v, 4) for k, v in med.items()},
             "spread_ms": {k: round(v, 4) for k, v in spread.items()},
             "runs": {k: v[2] for k, v in stats.items()}, "chosen": chosen,

@@ -69,3 +69,17 @@ def test_a_plan_naming_a_missing_candidate_is_an_error(cache):
         aot.compile(m, (x,), plan={"region": "aten-int8-onednn"})
     with pytest.raises(aot.UnsupportedOp, match="plan should be"):
         aot.compile(m, (x,), plan={"nothing": 1})
+
+
+def test_near_ties_keep_the_earlier_candidate():
+    from aot.lower.regions import _decide
+    # three candidates tied within noise, all well ahead of iree: the first in order wins
+    tied = {"iree": (10.0, 0.2, 9), "iree-sync": (5.0, 0.3, 9), "aten": (4.9, 0.3, 9),
+            "aten-prepacked": (4.95, 0.2, 9)}
+    assert _decide(tied)["chosen"] == "iree-sync"
+    # a candidate ahead beyond both spreads and 3% replaces it
+    ahead = {**tied, "aten-prepacked": (4.0, 0.2, 9)}
+    assert _decide(ahead)["chosen"] == "aten-prepacked"
+    # nothing beats iree beyond its own spread: iree stands
+    noisy = {"iree": (10.0, 3.0, 9), "aten": (8.0, 0.1, 9)}
+    assert _decide(noisy)["chosen"] == "iree"

@@ -1,8 +1,8 @@
 """Inputs in any strided layout give eager's answer; strict_layout refuses them.
 
 A module compiled from contiguous examples is given channels-last, transposed,
-offset and expanded tensors, on the compiled (+ kernel call), all-fallback and
-default (measured region) paths: the outputs are eager's (float32 rtol 1e-5 /
+offset and expanded tensors, on the compiled (+ kernel call), all-fallback,
+prepacked (pinned by a plan) and default (measured region) paths: the outputs are eager's (float32 rtol 1e-5 /
 atol 1e-5 where IREE compiled, exact under ``fallback="all"``), each conversion
 is counted and warned about once; ``strict_layout=True`` makes it an
 ``InputMismatch``; a non-strided layout is an ``InputMismatch`` naming it.
@@ -35,11 +35,12 @@ LAYOUTS = {
 CONVERTED = {"channels_last", "transposed", "expanded"}  # an offset view is still row-major
 
 
-@pytest.fixture(scope="module", params=["coverage", "all", "default"])
+@pytest.fixture(scope="module", params=["coverage", "all", "prepacked", "default"])
 def compiled(request):
     torch.manual_seed(0)
     m = ConvI0().eval()
     kw = {"coverage": dict(placement="coverage"), "all": dict(fallback="all"),
+          "prepacked": dict(plan={"region": "aten-prepacked"}),  # oneDNN, NHWC groups
           "default": {}}[request.param]
     return request.param, m, aot.compile(m, (X,), **kw)
 
