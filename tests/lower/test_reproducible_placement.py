@@ -83,3 +83,16 @@ def test_near_ties_keep_the_earlier_candidate():
     # nothing beats iree beyond its own spread: iree stands
     noisy = {"iree": (10.0, 3.0, 9), "aten": (8.0, 0.1, 9)}
     assert _decide(noisy)["chosen"] == "iree"
+
+
+@pytest.mark.parametrize("name", ["custom_op", "bert", "resnet18"])
+def test_two_compiles_of_a_bundled_model_place_identically(cache, name):
+    from models import get
+    model, args = get(name)
+    first, second = aot.compile(model, args), aot.compile(model, args)
+    assert _placements(second) == _placements(first)
+    assert second.manifest.get("executor") == first.manifest.get("executor")
+    assert second.artifact.vmfb == first.artifact.vmfb
+    with torch.no_grad():
+        want = model(*args)
+        torch.testing.assert_close(second(*args), want, rtol=1e-4, atol=1e-4)
