@@ -261,6 +261,8 @@ class CompiledModule:
                 raise err
             if err is not None:
                 raise KernelCallFailed(f"{type(err).__name__}: {err}") from err
+            if "Python" in str(e):  # a host function raised, its exception not kept
+                raise KernelCallFailed(f"a kernel call raised inside IREE: {e}") from e
             raise AotError(f"IREE runtime error: {e}", stage="run") from e
 
     def _output(self, results, i: int, spec: TorchTensor) -> torch.Tensor:
