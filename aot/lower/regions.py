@@ -85,7 +85,7 @@ from ..errors import UnsupportedOp
 from .placement import KERNEL_CALL, Placement, PlacementPolicy
 from .targets import Target
 
-__all__ = ["worth_measuring", "choose_region", "program_key", "read_plan", "plan_of", "RUNS", "BUDGET_S", "MARGIN"]
+__all__ = ["worth_measuring", "choose_region", "choice", "program_key", "read_plan", "plan_of", "RUNS", "BUDGET_S", "MARGIN"]
 log = logging.getLogger(__name__)
 
 _QUANTIZED_MM = {f"{QUANTIZED_NAMESPACE}::conv2d", f"{QUANTIZED_NAMESPACE}::linear"}
@@ -195,6 +195,14 @@ def _decide(stats: dict[str, tuple[float, float, int]]) -> dict:
             "spread_ms": {k: round(v, 4) for k, v in spread.items()},
             "runs": {k: v[2] for k, v in stats.items()}, "chosen": chosen,
             "source": "measured"}
+
+
+def choice(region: dict) -> str:
+    """The candidate the decision rule picks from a region entry's recorded medians,
+    spreads and run counts (what the report shows): a check that a recorded decision
+    follows the rule."""
+    return _decide({k: (v, region["spread_ms"][k], region["runs"][k])
+                    for k, v in region["candidates_ms"].items()})["chosen"]
 
 
 def program_key(imported: ImportedProgram, target: Target, cands: dict) -> str:

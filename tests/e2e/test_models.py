@@ -4,6 +4,7 @@ import pytest
 import torch
 
 import aot
+from aot.lower.regions import choice
 import models
 
 
@@ -101,7 +102,7 @@ def test_default_measures_programs_with_kernel_calls_as_regions(name):
     cm = aot.compile(model, ex)
     region = cm.manifest["region"]
     assert {"iree", "iree-sync", "aten"} <= set(region["candidates_ms"])
-    assert region["chosen"] == min(region["candidates_ms"], key=region["candidates_ms"].get)
+    assert region["chosen"] == choice(region)  # the fastest beyond the noise
     _check_region_or_per_op(cm, lambda p: "does not know this op" in p["reason"])
     assert "region placement, measured end to end" in cm.report()
     with torch.no_grad():

@@ -253,7 +253,9 @@ def test_default_placement_keeps_quantized_convs_where_they_measure_faster(qresn
     model, (x,) = qresnet_x86
     cm = aot.compile(model, (x,))
     region = cm.manifest["region"]  # quantized convolutions make the region worth measuring
-    assert region["chosen"] == min(region["candidates_ms"], key=region["candidates_ms"].get)
+    # the measured decision: the fastest, unless within the noise of an earlier candidate
+    from aot.lower.regions import choice
+    assert region["chosen"] == choice(region)
     if region["chosen"] in ("iree", "iree-sync"):  # per op: each where it measured faster
         for k in kernel_call_ops(cm.manifest):
             assert k["op"].startswith("aot_q::")

@@ -5,7 +5,7 @@ import torch
 
 import aot
 from aot.fallback.executor import ExecOptions
-from aot.lower.regions import _with_executor
+from aot.lower.regions import _with_executor, choice
 from aot.runtime.module import CompiledModule
 
 
@@ -44,7 +44,7 @@ def test_default_compile_measures_regions_and_keeps_the_fastest(convnet):
     # on a CPU with oneDNN the channels-last candidate is the prepacked one
     assert {"iree", "aten"} < set(times) <= {"iree", "iree-sync", "aten", "aten-prepacked",
                                              "aten-channels-last"}
-    assert region["chosen"] == min(times, key=times.get)
+    assert region["chosen"] == choice(region)  # the fastest beyond the noise
     where = {p["where"] for p in cm.manifest["placements"]}
     if region["chosen"] not in ("iree", "iree-sync"):  # one ATen region: every op a kernel call
         assert where == {"kernel_call"}
