@@ -102,14 +102,14 @@ def cmd_compile(args) -> int:
     art = compile_model(imported, target, policy, example=(tuple(example), {}))
     out = args.output or f"{imported.name.lower()}.aot"
     art.save(out)
+    n_kc = len(art.manifest["kernel_calls"])
+    _step(f"wrote {out} ({os.path.getsize(out) / 1e6:.1f} MB, {n_kc} kernel calls) "
+          f"in {time.perf_counter() - t0:.1f}s")
     if args.save_plan:
         from .lower.regions import plan_of
         with open(args.save_plan, "w") as f:
             json.dump(plan_of(art.manifest), f, indent=1)
         _step(f"wrote the placement plan to {args.save_plan}")
-    n_kc = len(art.manifest["kernel_calls"])
-    _step(f"wrote {out} ({os.path.getsize(out) / 1e6:.1f} MB, {n_kc} kernel calls) "
-          f"in {time.perf_counter() - t0:.1f}s")
     return 0
 
 
