@@ -96,3 +96,22 @@ def test_two_compiles_of_a_bundled_model_place_identically(cache, name):
     with torch.no_grad():
         want = model(*args)
         torch.testing.assert_close(second(*args), want, rtol=1e-4, atol=1e-4)
+
+
+def test_cli_saves_and_pins_a_plan(cache, tmp_path, capsys):
+    import json
+
+    from aot.cli import main
+    plan = tmp_path / "plan.json"
+    assert main(["compile", "custom_op", "-o", str(tmp_path / "a.aot"),
+                 "--save-plan", str(plan)]) == 0
+    saved = json.loads(plan.read_text())
+    assert saved["region"] in saved["candidates_ms"]
+    assert main(["compile", "custom_op", "-o", str(tmp_path / "b.aot"), "--plan", str(plan)]) == 0
+    a, b = aot.load(str(tmp_path / "a.aot")), aot.load(str(tmp_path / "b.aot"))
+    assert _placements(b) == _placements(a)
+    assert "pinned" in b.manifest["region"]["source"]
+    bad = tmp_path / "bad.json"
+    bad.write_text('{"x": 1}')
+    assert main(["compile", "custom_op", "-o", str(tmp_path / "c.aot"), "--plan", str(bad)]) != 0
+    assert "is not a plan" in capsys.readouterr().err
