@@ -1,13 +1,16 @@
 """Rewrites of convolutions that IREE 3.13 compiles badly, to the same arithmetic.
 
-A 1x1 convolution is a matmul over channels (after a subsample, when strided).
-IREE lowers the convolution form to a loop nest that is two orders of magnitude
-slower than oneDNN: ResNet's downsampling shortcut, conv 1x1 s2 64 -> 128 at
-56x56, runs 31.8 ms compiled against eager's 0.24 ms (issue 15). IREE runs the
-matmul form at 0.21 ms. Every output element is the same sum over the same
-input channels, so the rewrite is exact up to the summation order IREE picks
-anyway. The partitioner emits the matmul form only for the convolutions it
-compiles (``conv1x1_as_matmul``); under ``fallback="all"`` nothing is compiled.
+A 1x1 convolution is a matmul over channels (after a subsample, when strided); a
+strided kxk convolution is a matmul over its im2col columns (k*k strided slices
+stacked). IREE lowers the convolution forms to loop nests far slower than oneDNN,
+and runs matmuls at parity (issue 15). Measured here, compiled alone (median ms):
+conv 1x1 s2 64->128 at 56x56 31.8 -> 0.21 (eager 0.24); conv 3x3 s2 64->128 at
+56x56 5.09 -> 1.19 (eager 0.68); the 7x7 s2 stem 10.2 -> 3.76 (eager 1.23). Unstrided
+kxk convolutions are left alone (im2col measured no better for them). Every output
+element is the same sum of the same products, so the rewrites are exact up to the
+summation order IREE picks anyway. The partitioner emits them only for the
+convolutions it compiles (``conv_as_matmul``); under ``fallback="all"`` nothing is
+compiled.
 """
 
 from __future__ import annotations
@@ -16,27 +19,41 @@ import logging
 
 import torch
 
-__all__ = ["conv1x1_as_matmul"]
+__all__ = ["conv_as_matmul", "FORMS"]
+
+# names the compiled forms emitted here; part of the cost cache's key (``cost``)
+FORMS = "conv-as-matmul-1"
 log = logging.getLogger(__name__)
 aten = torch.ops.aten
 
 
-def _conv_1x1(n: torch.fx.Node) -> tuple[int, int] | None:
-    """``(stride_h, stride_w)`` of an unpadded, ungrouped 1x1 conv2d node, else None."""
+def _plan(n: torch.fx.Node) -> dict | None:
+    """How to emit a conv2d node as a matmul, or None to leave it as it is.
+
+    1x1 (unpadded, ungrouped): subsample + matmul. kxk with a stride above 1
+    (ungrouped, undilated): im2col by strided slices + matmul.
+    """
     if n.op != "call_function" or n.target != aten.conv2d.default or n.kwargs:
         return None
     args = list(n.args) + [None] * (7 - len(n.args))
-    x, w, _, stride, padding, _, groups = args[:7]
+    x, w, _, stride, padding, dilation, groups = args[:7]
     wv = w.meta.get("val") if isinstance(w, torch.fx.Node) else None
     xv = x.meta.get("val") if isinstance(x, torch.fx.Node) else None
-    if wv is None or xv is None or wv.dim() != 4 or xv.dim() != 4 \
-            or tuple(wv.shape[2:]) != (1, 1) or (groups or 1) != 1:
+    if wv is None or xv is None or wv.dim() != 4 or xv.dim() != 4 or (groups or 1) != 1:
         return None
-    stride = list(stride or [1, 1])
-    stride = stride * 2 if len(stride) == 1 else stride
-    if any(p != 0 for p in (padding or [0, 0])):
+
+    def pair(v, default):
+        v = list(v if v is not None else [default])
+        return v * 2 if len(v) == 1 else v
+    stride, padding, dilation = pair(stride, 1), pair(padding, 0), pair(dilation, 1)
+    kh, kw = (int(d) for d in wv.shape[2:])
+    if dilation != [1, 1]:
         return None
-    return stride[0], stride[1]
+    if (kh, kw) == (1, 1) and padding == [0, 0]:
+        return {"k": (1, 1), "stride": stride, "padding": [0, 0]}
+    if stride != [1, 1]:
+        return {"k": (kh, kw), "stride": stride, "padding": padding}
+    return None
 
 
 def _emit(g: torch.fx.Graph, op, args: tuple, val, keep: dict) -> torch.fx.Node:
@@ -45,37 +62,59 @@ def _emit(g: torch.fx.Graph, op, args: tuple, val, keep: dict) -> torch.fx.Node:
     return n
 
 
-def conv1x1_as_matmul(node: torch.fx.Node, g: torch.fx.Graph, env: dict) -> torch.fx.Node | None:
-    """For a compiled 1x1 conv2d (unpadded, ungrouped): emit it into ``g`` as a subsample
-    (when strided), a matmul over channels and the bias add, operands through ``env``,
-    and return the result node; else None (the caller copies the node as it is).
+def conv_as_matmul(node: torch.fx.Node, g: torch.fx.Graph, env: dict) -> torch.fx.Node | None:
+    """For a compiled conv2d that IREE runs badly as a convolution (see ``_plan``): emit
+    it into ``g`` as columns (a subsample, or strided slices stacked: im2col), a matmul
+    over them and the bias add, operands through ``env``; return the result node, or
+    None (the caller copies the node as it is).
 
     Only compiled convolutions are rewritten: ATen runs them well (oneDNN).
     """
-    s = _conv_1x1(node)
-    if s is None:
+    plan = _plan(node)
+    if plan is None:
         return None
     x, w = node.args[0], node.args[1]
     b = node.args[2] if len(node.args) > 2 else None
     keep = {k: v for k, v in node.meta.items() if k in ("stack_trace", "nn_module_stack")}
+    (kh, kw), (sh, sw), (ph, pw) = plan["k"], plan["stride"], plan["padding"]
     cur, val = env[x], x.meta["val"]
-    for dim, step in ((2, s[0]), (3, s[1])):
-        if step != 1:
-            idx = [slice(None)] * 4
-            idx[dim] = slice(None, None, step)
-            val = val[tuple(idx)]
-            cur = _emit(g, aten.slice.Tensor, (cur, dim, 0, None, step), val, keep)
-    n, c, h, wd = (int(d) for d in val.shape)
+    if ph or pw:
+        val = torch.constant_pad_nd(val, [pw, pw, ph, ph], 0.0)
+        cur = _emit(g, aten.constant_pad_nd.default, (cur, [pw, pw, ph, ph], 0.0), val, keep)
+    out = node.meta["val"]
+    n, c = int(val.shape[0]), int(val.shape[1])
+    ho, wo = int(out.shape[2]), int(out.shape[3])
+    cols, col_vals = [], []
+    for i in range(kh):
+        for j in range(kw):
+            t, v = cur, val
+            for dim, start, step, size in ((2, i, sh, ho), (3, j, sw, wo)):
+                end = start + step * (size - 1) + 1
+                if (start, end, step) == (0, int(v.shape[dim]), 1):
+                    continue
+                idx = [slice(None)] * 4
+                idx[dim] = slice(start, end, step)
+                v = v[tuple(idx)]
+                t = _emit(g, aten.slice.Tensor, (t, dim, start, end, step), v, keep)
+            cols.append(t)
+            col_vals.append(v)
+    if len(cols) == 1:
+        col, cval = cols[0], col_vals[0]
+    else:
+        cval = torch.stack(col_vals, 2)
+        col = _emit(g, aten.stack.default, (cols, 2), cval, keep)
+    kk = c * kh * kw
+    xr = _emit(g, aten.reshape.default, (col, [n, kk, ho * wo]), cval.reshape(n, kk, ho * wo),
+               keep)
     wv = w.meta["val"]
     co = int(wv.shape[0])
-    xr = _emit(g, aten.reshape.default, (cur, [n, c, h * wd]), val.reshape(n, c, h * wd), keep)
-    w2 = _emit(g, aten.view.default, (env[w], [co, c]), wv.view(co, c), keep)
-    mm = _emit(g, aten.matmul.default, (w2, xr), torch.matmul(wv.view(co, c),
-                                                            val.reshape(n, c, h * wd)), keep)
-    y = _emit(g, aten.view.default, (mm, [n, co, h, wd]), node.meta["val"], keep)
+    w2 = _emit(g, aten.view.default, (env[w], [co, kk]), wv.reshape(co, kk), keep)
+    mm = _emit(g, aten.matmul.default, (w2, xr), torch.matmul(wv.reshape(co, kk), xr.meta["val"]),
+               keep)
+    y = _emit(g, aten.view.default, (mm, [n, co, ho, wo]), out, keep)
     if b is not None:
         bv = b.meta["val"]
         b4 = _emit(g, aten.view.default, (env[b], [1, co, 1, 1]), bv.view(1, co, 1, 1), keep)
-        y = _emit(g, aten.add.Tensor, (y, b4), node.meta["val"], keep)
-    y.meta = {**dict(node.meta), "val": node.meta["val"]}
+        y = _emit(g, aten.add.Tensor, (y, b4), out, keep)
+    y.meta = {**dict(node.meta), "val": out}
     return y

@@ -65,7 +65,10 @@ class CostCache(JsonCache):
     """Measurements on disk, one JSON file per machine, IREE version, target and flags."""
 
     def __init__(self, target: Target, directory: str | None = None):
-        super().__init__("cost", target, key=machine_key(), directory=directory)
+        # the compiled forms are part of the key: a measurement of an op's older
+        # compiled form (a convolution before ``conv_rewrites``) is not reused
+        from .conv_rewrites import FORMS
+        super().__init__("cost", target, key=machine_key() + "|" + FORMS, directory=directory)
 
     def get(self, sig: str) -> Cost | None:
         d = self.data.get(sig)
@@ -169,7 +172,18 @@ def _measure(node: torch.fx.Node, target: Target) -> Cost:
         sync()
     with torch.no_grad():
         aten_ms = _median_ms(aten)
-    return Cost(aten_ms, _run_iree_ms(_probe_graph(node), target, device))
+    return Cost(aten_ms, _run_iree_ms(_compiled_form(_probe_graph(node)), target, device))
+
+
+def _compiled_form(graph: torch.fx.Graph) -> torch.fx.Graph:
+    """The one-op graph as the partitioner compiles it (a convolution IREE runs badly
+    becomes a matmul, ``conv_rewrites``): what IREE's side of the comparison runs."""
+    from .conv_rewrites import conv_as_matmul
+    g, env = torch.fx.Graph(), {}
+    for n in graph.nodes:
+        new = conv_as_matmul(n, g, env) if n.op == "call_function" else None
+        env[n] = new if new is not None else g.node_copy(n, lambda a: env[a])
+    return g
 
 
 def measure_nodes(nodes: list[torch.fx.Node], target: Target, cache: CostCache) -> dict[str, Cost]:
