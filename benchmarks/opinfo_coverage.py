@@ -208,10 +208,7 @@ def run_case(op, dtype: str, k: int, mode: str) -> dict:
         return {**row, "status": "not captured", "reason": str(e).splitlines()[0][:300],
                 "seconds": round(time.perf_counter() - t0, 2)}
     except Exception as e:
-        return {**row, "status": "failed", "class": classify(e), "stage": "compile",
-                "reason": f"{type(e).__name__}: {str(e).strip().splitlines()[0][:300]}"
-                if str(e).strip() else type(e).__name__,
-                "seconds": round(time.perf_counter() - t0, 2)}
+        return _failed(row, e, classify(e), "compile", t0)
     try:
         torch.manual_seed(0)
         got_ins = _clone(tensors)
@@ -221,18 +218,20 @@ def run_case(op, dtype: str, k: int, mode: str) -> dict:
     except Mismatch as e:
         cls = "export differs from eager" if _export_agrees(model, tensors, got, mode) else \
             classify(e)
-        return {**row, "status": "failed", "class": cls, "stage": "run",
-                "reason": f"Mismatch: {str(e).strip().splitlines()[0][:300]}",
-                "seconds": round(time.perf_counter() - t0, 2)}
+        return _failed(row, e, cls, "run", t0)
     except Exception as e:
-        return {**row, "status": "failed", "class": classify(e), "stage": "run",
-                "reason": f"{type(e).__name__}: {str(e).strip().splitlines()[0][:300]}"
-                if str(e).strip() else type(e).__name__,
-                "seconds": round(time.perf_counter() - t0, 2)}
+        return _failed(row, e, classify(e), "run", t0)
     placed = cm.manifest.get("placements", [])
     return {**row, "status": "passed", "seconds": round(time.perf_counter() - t0, 2),
             "kernel_calls": sum(p["where"] == "kernel_call" for p in placed),
             "compiled": sum(p["where"] == "compiled" for p in placed)}
+
+
+def _failed(row: dict, e: BaseException, cls: str, stage: str, t0: float) -> dict:
+    text = str(e).strip()
+    return {**row, "status": "failed", "class": cls, "stage": stage,
+            "reason": f"{type(e).__name__}: {text.splitlines()[0][:300]}" if text
+            else type(e).__name__, "seconds": round(time.perf_counter() - t0, 2)}
 
 
 def _export_agrees(model, tensors, got, mode: str) -> bool:

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import platform
 import statistics
 import sys
 import tempfile
@@ -97,16 +96,11 @@ def run(models: list[str], compiles: int, calls: int) -> list[dict]:
 
 
 def table(rows: list[dict]) -> str:
-    import torch
-    cpu = platform.processor() or platform.machine()
-    try:
-        with open("/proc/cpuinfo") as f:
-            cpu = next(ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name"))
-    except (OSError, StopIteration):
-        pass
-    lines = [f"# Region decisions: reproducible? predictive?", "",
-             f"{cpu}, {os.cpu_count()} cores, torch {torch.__version__}, "
-             f"{torch.get_num_threads()} threads", "",
+    from benchmarks.suite import machine_info
+    m = machine_info("cpu")
+    lines = ["# Region decisions: reproducible? predictive?", "",
+             f"{m['cpu']}, {m['cores']} cores, torch {m['torch']}, "
+             f"{m['torch_threads']} threads", "",
              "| model | choice per fresh compile | reused by a cached compile | measured ms "
              "(chosen) | run ms (median) | run / measured |",
              "|---|---|---|---|---|---|"]

@@ -211,9 +211,7 @@ class CompiledModule:
         n = len(self.mutations)
         for m, value in zip(self.mutations, leaves[:n]):
             if "input" in m:
-                dst = flat[m["input"]]
-                with torch.no_grad():
-                    dst.copy_(value)
+                flat[m["input"]].copy_(value)  # under __call__'s no_grad
         outs = leaves[n:]
         for j, k in enumerate(self.returns_input):
             if k is not None:
@@ -221,7 +219,8 @@ class CompiledModule:
         return outs[0] if self._one_out else _unflatten(outs, self.out_spec)
 
     def _dense_inputs(self, flat) -> list[torch.Tensor]:
-        """Check every input; the tensors as compiled code holds them (dense, storage form)."""
+        """Check every input; the tensors as compiled code holds them (dense, storage
+        form), none for a host program."""
         dense = []
         for leaf, want, name in zip(flat, self.inputs, self.input_names):
             if isinstance(want, TorchTensor):
@@ -231,14 +230,12 @@ class CompiledModule:
                     raise InputMismatch(f"{name}: expected a tensor on {self.torch_device} "
                                         f"(module compiled for {self.manifest['target']}), got "
                                         f"one on {leaf.device}")
+                if self.program is not None:
+                    continue  # the host program takes the caller's tensors as they are
                 # quantized: its integer representation (qparams checked above);
                 # .contiguous() copies only for a non-row-major spec (recorded) or an
-                # input in another layout than the compiled one (counted, warned once).
-                # A sparse input only ever reaches the host program: as it is.
-                if want.is_sparse:
-                    dense.append(leaf)
-                    continue
-                if leaf.stride() != want.strides and self.program is None:
+                # input in another layout than the compiled one (counted, warned once)
+                if leaf.stride() != want.strides:
                     self._converted(leaf, want, name)
                 dense.append(want.to_storage(leaf, name).contiguous())
             else:
