@@ -5,7 +5,8 @@ input; threads call one module concurrently, some with inputs that raise. Every
 raising call must get ``KernelCallFailed`` carrying its own message, every other
 call eager's answer (exact: the custom op runs in ATen, the compiled ops are a
 multiply and an add), on each path: the VM on local-task and local-sync, the direct
-call (a program that is one kernel call), and the host program.
+call (a program that is one kernel call), the host program, and, where a CUDA
+device is present, a module compiled for ``cuda`` (kernel calls on device memory).
 """
 
 import threading
@@ -47,18 +48,28 @@ class Alone(torch.nn.Module):
         return torch.ops.aot_threads.checked_sqrt(x)
 
 
-def _modules():
+HAS_CUDA = torch.cuda.is_available()
+
+
+def _module(path):
+    """``(eager model, compiled module, device)`` for one path."""
     x = torch.rand(16) + 1
+    if path == "cuda":
+        xc = x.cuda()
+        return Between(), aot.compile(Between(), (xc,), target="cuda", placement="coverage"), "cuda"
+    if path == "direct":
+        return Alone(), aot.compile(Alone(), (x,), placement="coverage"), "cpu"
+    if path == "all":
+        return Between(), aot.compile(Between(), (x,), fallback="all"), "cpu"
     per_op = aot.compile(Between(), (x,), placement="coverage")
-    art = CompiledArtifact(per_op.artifact.vmfb, {**per_op.manifest, "driver": "local-sync"},
-                           per_op.artifact.constants)
-    yield "vm-local-task", Between(), per_op
-    yield "vm-local-sync", Between(), CompiledModule(art)
-    yield "direct", Alone(), aot.compile(Alone(), (x,), placement="coverage")
-    yield "all", Between(), aot.compile(Between(), (x,), fallback="all")
+    if path == "vm-local-sync":
+        art = CompiledArtifact(per_op.artifact.vmfb, {**per_op.manifest, "driver": "local-sync"},
+                               per_op.artifact.constants)
+        return Between(), CompiledModule(art), "cpu"
+    return Between(), per_op, "cpu"
 
 
-def _hammer(model, cm):
+def _hammer(model, cm, device="cpu"):
     """``(errors delivered, mismatches)`` from THREADS x CALLS concurrent calls."""
     delivered, wrong = [0], []
     lock = threading.Lock()
@@ -66,7 +77,7 @@ def _hammer(model, cm):
     def worker(t):
         for c in range(CALLS):
             tag = t * 1000 + c
-            x = torch.rand(16) + 1
+            x = torch.rand(16, device=device) + 1
             x[0] = tag + 1
             bad = (c % 3 == 0)
             if bad:
@@ -98,11 +109,15 @@ def _hammer(model, cm):
     return delivered[0], wrong
 
 
-@pytest.mark.parametrize("path", ["vm-local-task", "vm-local-sync", "direct", "all"])
+@pytest.mark.parametrize("path", [
+    "vm-local-task", "vm-local-sync", "direct", "all",
+    pytest.param("cuda", marks=[pytest.mark.gpu,
+                                pytest.mark.skipif(not HAS_CUDA, reason="no CUDA device")]),
+])
 def test_kernel_call_errors_belong_to_their_call(path):
-    name, model, cm = next(m for m in _modules() if m[0] == path)
-    delivered, wrong = _hammer(model, cm)
+    model, cm, device = _module(path)
+    delivered, wrong = _hammer(model, cm, device)
     assert wrong == []
     assert delivered == THREADS * len(range(0, CALLS, 3))
-    x = torch.rand(16) + 1  # and the module keeps working
+    x = torch.rand(16, device=device) + 1  # and the module keeps working
     torch.testing.assert_close(cm(x), model(x), rtol=0, atol=0)
