@@ -44,10 +44,16 @@ MobileNetV3-Small's ``aten-prepacked`` timed 13.0 ms in one compile and 5.0 ms
 in another.
 
 **Deciding.** Each candidate's median and spread (half its interquartile range)
-are recorded. Starting from the per-op ``iree`` placement, each candidate in a
-fixed order replaces the current choice only when it is faster by more than both
-spreads and by more than ``MARGIN`` of the current median, so near-ties keep the
-earlier candidate.
+are recorded. The fastest median wins, except that a candidate earlier in a fixed
+order (the per-op placement first, then the simpler regions) is kept when the
+fastest leads it by no more than ``MARGIN``, so near-ties settle the same way
+every compile. A lead beyond ``MARGIN`` but within two standard errors of the
+difference of the two medians (estimated from the spreads and sample counts) is
+not yet a win: those two candidates are measured more, alternating, for up to
+``EXTRA_S``; if it is still unclear, the earlier candidate stands and the region
+entry names the pair as ``"undecided"``. (An earlier rule let a candidate replace
+the current choice only when it won by more than both spreads: one noisy
+measurement of the per-op placement then kept it against a region 1.5x faster.)
 
 **Reproducing.** A decision is cached on disk (``$AOT_CACHE_DIR``, like the
 coverage verdicts) under a key of the program, its example input specs, the
@@ -96,7 +102,8 @@ _FAST_BUDGET_S = 0.3  # ...as many as fit in this, all candidates together
 _WARMUP = 3       # the second call of a CUDA region captures its graph
 _BLOCK = 3        # timed calls per candidate per round, after one untimed call
 _IDLE_S = 0.005   # between candidates: the previous one's worker threads park
-MARGIN = 0.03     # a candidate must beat ``iree`` by this fraction (and both spreads)
+EXTRA_S = 2.0     # at most this much more for two contenders whose order is not yet clear
+MARGIN = 0.03     # leads within this fraction are near-ties, settled by ``_ORDER``
 
 
 def _may_measure(target: Target, policy: PlacementPolicy) -> bool:
@@ -172,29 +179,59 @@ def choose_region(per_op: CompiledArtifact, imported: ImportedProgram, target: T
     return _with_region(cands[best], region, placements, policy)
 
 
-# the tournament's order: the per-op placement first, then the simpler regions
+# the fixed order near-ties are settled in: the per-op placement first, then the simpler regions
 _ORDER = ["iree", "iree-sync", "aten", "aten-prepacked", "aten-channels-last", "aten-int8-onednn"]
+_RULE = 2  # the decision rule's version, part of the cache key
+_CONFIDENCE = 2.0  # a lead counts when it exceeds this many standard errors of the difference
+
+
+def _rank(name: str) -> tuple:
+    return (_ORDER.index(name) if name in _ORDER else len(_ORDER), name)
+
+
+def _median_error(spread: float, n: int) -> float:
+    """The standard error of a median of ``n`` samples with this spread (half IQR).
+
+    Half the interquartile range of a normal distribution is 0.674 sigma, and the
+    standard error of a median is 1.253 sigma / sqrt(n).
+    """
+    return 1.253 * (spread / 0.674) / max(n, 1) ** 0.5
+
+
+def _verdict(stats: dict[str, tuple[float, float, int]]) -> tuple[str, tuple[str, str] | None]:
+    """``(choice, undecided pair)``.
+
+    The fastest median wins, except that a candidate earlier in ``_ORDER`` within
+    ``MARGIN`` of it is kept (near-ties settle the same way every compile). A lead
+    beyond ``MARGIN`` but within ``_CONFIDENCE`` standard errors of the difference
+    of the two medians is not yet a win: the pair is returned as undecided (to be
+    measured more), and the earlier candidate stands meanwhile.
+    """
+    med = {k: v[0] for k, v in stats.items()}
+    best = min(med, key=lambda k: (med[k], _rank(k)))
+    for k in sorted(med, key=_rank):
+        if k == best:
+            return best, None
+        lead = med[k] - med[best]
+        if lead <= MARGIN * med[best]:
+            return k, None
+        noise = (_median_error(stats[k][1], stats[k][2]) ** 2
+                 + _median_error(stats[best][1], stats[best][2]) ** 2) ** 0.5
+        if lead <= _CONFIDENCE * noise:
+            return k, (k, best)
+    return best, None  # not reached: best is in med
 
 
 def _decide(stats: dict[str, tuple[float, float, int]]) -> dict:
-    """The region entry: every candidate's median and spread, and the choice.
-
-    ``iree`` stands unless a candidate beats it by more than both spreads and
-    by ``MARGIN``; the winner then meets the next candidate in ``_ORDER`` the same way.
-    """
-    med = {k: v[0] for k, v in stats.items()}
-    spread = {k: v[1] for k, v in stats.items()}
-    # a tournament in a fixed order: a candidate replaces the current choice only when
-    # it wins beyond the noise, so near-ties keep the earlier one (reproducibly)
-    chosen = "iree"
-    for k in sorted(med, key=_ORDER.index if all(c in _ORDER for c in med) else str):
-        if k != chosen and med[chosen] - med[k] > max(spread[chosen], spread[k],
-                                                       MARGIN * med[chosen]):
-            chosen = k
-    return {"candidates_ms": {k: round(v, 4) for k, v in med.items()},
-            "spread_ms": {k: round(v, 4) for k, v in spread.items()},
-            "runs": {k: v[2] for k, v in stats.items()}, "chosen": chosen,
-            "source": "measured"}
+    """The region entry: every candidate's median and spread, and the choice (``_verdict``)."""
+    chosen, undecided = _verdict(stats)
+    region = {"candidates_ms": {k: round(v[0], 4) for k, v in stats.items()},
+              "spread_ms": {k: round(v[1], 4) for k, v in stats.items()},
+              "runs": {k: v[2] for k, v in stats.items()}, "chosen": chosen,
+              "source": "measured"}
+    if undecided:
+        region["undecided"] = list(undecided)
+    return region
 
 
 def choice(region: dict) -> str:
@@ -212,7 +249,7 @@ def program_key(imported: ImportedProgram, target: Target, cands: dict) -> str:
              json.dumps([i.to_json() if hasattr(i, "to_json") else list(i)
                          for i in imported.flat_inputs], sort_keys=True, default=str),
              json.dumps(sorted(cands)), " ".join(target.flags), target.driver,
-             machine_key()]
+             machine_key(), f"rule {_RULE}"]
     return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:20]
 
 
@@ -328,18 +365,38 @@ def _time_candidates(cands: dict[str, CompiledArtifact], example, target: Target
         for r in range(rounds):
             if r >= 2 and time.perf_counter() > deadline:
                 break
-            for name in names[r % len(names):] + names[:r % len(names)]:
-                m = mods[name]
-                time.sleep(_IDLE_S)
-                m(*args, **kwargs)  # untimed: the first call after another candidate
-                for _ in range(_BLOCK):
-                    sync()
-                    t = time.perf_counter()
-                    m(*args, **kwargs)
-                    sync()
-                    samples[name].append((time.perf_counter() - t) * 1e3)
+            _round(mods, names[r % len(names):] + names[:r % len(names)], args, kwargs,
+                   sync, samples)
+        # a lead within the noise: measure the two contenders more, alternating, until it
+        # is decided either way, a contender has _MAX_RUNS samples, or EXTRA_S is spent
+        deadline = time.perf_counter() + EXTRA_S
+        pair = _verdict(_stats(samples))[1]
+        while pair and time.perf_counter() < deadline and \
+                max(len(samples[k]) for k in pair) < _MAX_RUNS:
+            for _ in range(2):
+                _round(mods, list(pair), args, kwargs, sync, samples)
+                pair = pair[::-1]
+            pair = _verdict(_stats(samples))[1]
     for m in mods.values():
         m.close()
+    return _stats(samples)
+
+
+def _round(mods, order, args, kwargs, sync, samples) -> None:
+    """One block per candidate in ``order``: an idle gap, an untimed call, ``_BLOCK`` timed."""
+    for name in order:
+        m = mods[name]
+        time.sleep(_IDLE_S)
+        m(*args, **kwargs)  # untimed: the first call after another candidate
+        for _ in range(_BLOCK):
+            sync()
+            t = time.perf_counter()
+            m(*args, **kwargs)
+            sync()
+            samples[name].append((time.perf_counter() - t) * 1e3)
+
+
+def _stats(samples: dict[str, list]) -> dict[str, tuple[float, float, int]]:
     return {k: (statistics.median(v), _spread(v), len(v)) for k, v in samples.items() if v}
 
 
