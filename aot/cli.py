@@ -200,10 +200,10 @@ def cmd_bench(args) -> int:
     except ImportError as e:
         raise SystemExit(f"aot: the benchmark suite is not installed ({e}); run from a checkout "
                          "after pip install -e .")
-    models = args.models.split(",") if args.models else list(
-        suite.QUICK_MODELS if args.quick else suite.BENCH_MODELS)
-    systems = args.systems.split(",") if args.systems else list(
-        suite.QUICK_SYSTEMS if args.quick else suite.SYSTEMS)
+    models = suite.expand(args.models.split(","), suite.MODEL_SETS) if args.models else list(
+        suite.QUICK_MODELS if args.quick else suite.DEFAULT_MODELS)
+    systems = suite.expand(args.systems.split(","), suite.SYSTEM_SETS) if args.systems else \
+        list(suite.QUICK_SYSTEMS if args.quick else suite.DEFAULT_SYSTEMS)
     runs = args.runs or (5 if args.quick else 30)
     min_s = args.min_seconds if args.min_seconds is not None else (0.0 if args.quick else 3.0)
     try:
@@ -263,8 +263,14 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--quick", action="store_true",
                    help="ResNet18 b1 + custom op, eager/iree-default/aot, 5 runs (a few minutes)")
     b.add_argument("--models", help="comma-separated: resnet18_b1, resnet18_b8, resnet18_int8, "
-                   "bert, custom_op")
-    b.add_argument("--systems", help="comma-separated: eager, inductor, iree-default, aot")
+                   "bert, custom_op (the default set), torchvision's <name>_b1/_b8 for resnet50, "
+                   "mobilenet_v2, mobilenet_v3_small, efficientnet_b0, vit_b_16, "
+                   "convnext_tiny, bert_base_b1/_b8, or a set: quick, default, zoo_b1, "
+                   "zoo_b8, zoo")
+    b.add_argument("--systems", help="comma-separated: eager, inductor, inductor-freezing, "
+                   "aotinductor, onnxruntime, openvino, iree-default, aot, aot-coverage, or a "
+                   "set: quick, default (eager, inductor, iree-default, aot), peers (eager, "
+                   "the four peers, aot), all")
     b.add_argument("--runs", type=int, help="timed runs per system (default 30; quick 5)")
     b.add_argument("--min-seconds", type=float,
                    help="keep adding interleaved rounds (up to 2000 runs) until each system "

@@ -4,9 +4,21 @@ Systems (each skipped with its reason where it cannot run the model):
 
 - ``eager``: the model as PyTorch runs it;
 - ``inductor``: ``torch.compile(model)`` (default mode);
+- ``inductor-freezing``, ``aotinductor``, ``onnxruntime``, ``openvino`` (f32): the
+  peers a user would pick instead (``benchmarks/peers.py``; ``pip install -e
+  '.[bench]'`` installs them; a missing one is a skipped row naming the package);
 - ``iree-default``: IREE alone with its default flags, no ATen fallback (what an
   export -> IREE flow such as iree-turbine gives you);
-- ``aot``: this project, ``aot.compile(model, args)`` with no options.
+- ``aot``: this project, ``aot.compile(model, args)`` with no options;
+- ``aot-coverage``: ``aot.compile(model, args, placement="coverage")``: everything
+  IREE can lower runs compiled (how fast IREE's own code is).
+
+Every system's output is checked against eager's once after building: the row
+gives the largest difference relative to the output's largest magnitude, and a
+system beyond ``REL_TOL`` is marked wrong (timed all the same). Denormals are left
+as each system leaves them (nothing here sets flush-to-zero); the table's header
+says whether the models' eager activations contain denormals
+(``models/zoo.py``).
 
 Calls are interleaved (each repetition calls every system once, the order
 rotating from one repetition to the next) after a warm-up, so slow drifts of
@@ -35,9 +47,13 @@ import torch
 
 __all__ = ["BENCH_MODELS", "SYSTEMS", "Row", "run_suite", "machine_info", "write_outputs"]
 
-SYSTEMS = ("eager", "inductor", "iree-default", "aot")
+SYSTEMS = ("eager", "inductor", "inductor-freezing", "aotinductor", "onnxruntime", "openvino",
+           "iree-default", "aot", "aot-coverage")
+DEFAULT_SYSTEMS = ("eager", "inductor", "iree-default", "aot")
 QUICK_MODELS = ("resnet18_b1", "custom_op")
 QUICK_SYSTEMS = ("eager", "iree-default", "aot")
+PEER_SYSTEMS = ("eager", "inductor-freezing", "aotinductor", "onnxruntime", "openvino", "aot")
+REL_TOL = 1e-3  # largest |system - eager| / largest |eager| a row may show and still be right
 
 
 def _resnet18(batch):
@@ -62,10 +78,47 @@ def _custom_op():
     return custom_op_model()
 
 
+def _vision(name, batch):
+    def make():
+        from models.zoo import vision_model
+        return vision_model(name, batch)
+    return make
+
+
+def _bert_base(batch):
+    def make():
+        from models.zoo import bert_base
+        return bert_base(batch)
+    return make
+
+
 BENCH_MODELS: dict[str, Callable] = {
     "resnet18_b1": _resnet18(1), "resnet18_b8": _resnet18(8), "resnet18_int8": _int8,
     "bert": _bert, "custom_op": _custom_op,
 }
+DEFAULT_MODELS = tuple(BENCH_MODELS)
+_ZOO = ("resnet18", "resnet50", "mobilenet_v2", "mobilenet_v3_small", "efficientnet_b0",
+        "vit_b_16", "convnext_tiny")
+for _name in _ZOO:
+    for _b in (1, 8):
+        BENCH_MODELS.setdefault(f"{_name}_b{_b}", _vision(_name, _b))
+for _b in (1, 8):
+    BENCH_MODELS[f"bert_base_b{_b}"] = _bert_base(_b)
+# named model sets for ``--models``: the zoo of issue 15 at batch 1 and 8
+MODEL_SETS = {"quick": QUICK_MODELS, "default": DEFAULT_MODELS,
+              "zoo_b1": tuple(f"{m}_b1" for m in _ZOO) + ("bert_base_b1",),
+              "zoo_b8": tuple(f"{m}_b8" for m in _ZOO) + ("bert_base_b8",)}
+MODEL_SETS["zoo"] = MODEL_SETS["zoo_b1"] + MODEL_SETS["zoo_b8"]
+SYSTEM_SETS = {"quick": QUICK_SYSTEMS, "default": DEFAULT_SYSTEMS, "peers": PEER_SYSTEMS,
+               "all": SYSTEMS}
+
+
+def expand(names: list[str], sets: dict) -> list[str]:
+    """Names with set names (``zoo``, ``peers``, ...) replaced by their members."""
+    out = []
+    for n in names:
+        out += list(sets.get(n, (n,)))
+    return list(dict.fromkeys(out))
 
 
 @dataclass
@@ -74,6 +127,7 @@ class Row:
     system: str
     target: str
     batch: int
+    rel_err: float | None = None
     median_ms: float | None = None
     p10_ms: float | None = None
     p90_ms: float | None = None
@@ -127,6 +181,8 @@ def _status_mb(field: str) -> float | None:
 def _build(system: str, model, example, target: str):
     """``(callable, compile_seconds, kernel-call counter or None)``; raises to skip."""
     import aot
+
+    from .peers import PEERS, build_peer
     t0 = time.perf_counter()
     if system == "eager":
         return model, 0.0, None
@@ -135,11 +191,27 @@ def _build(system: str, model, example, target: str):
         with torch.no_grad():
             fn(*example)  # compiles on the first call
         return fn, time.perf_counter() - t0, None
+    if system in PEERS:
+        return build_peer(system, model, example, target), time.perf_counter() - t0, None
     if system == "iree-default":
         cm = aot.compile(model, example, target=target, fallback="none", profile="iree-default")
+    elif system == "aot-coverage":
+        cm = aot.compile(model, example, target=target, placement="coverage")
     else:
         cm = aot.compile(model, example, target=target)
     return cm, time.perf_counter() - t0, cm
+
+
+def _rel_err(got, want) -> float:
+    """Largest |got - want| over the largest |want|, over all output tensors."""
+    g = [t for t in torch.utils._pytree.tree_leaves(got) if isinstance(t, torch.Tensor)]
+    w = [t for t in torch.utils._pytree.tree_leaves(want) if isinstance(t, torch.Tensor)]
+    if len(g) != len(w) or any(a.shape != b.shape for a, b in zip(g, w)):
+        return float("inf")
+    scale = max((b.abs().max().item() for b in w if b.numel()), default=0.0) or 1.0
+    diff = max(((a.cpu().double() - b.cpu().double()).abs().max().item()
+                for a, b in zip(g, w) if a.numel()), default=0.0)
+    return diff / scale
 
 
 def _first_line(e: BaseException) -> str:
@@ -172,7 +244,12 @@ def run_model(name: str, systems, runs: int, warmup: int, target: str,
         rows[s].compile_s = round(secs, 2)
     sync = torch.cuda.synchronize if target == "cuda" else (lambda: None)
     with torch.no_grad():
+        want = model(*example)
         for s, fn in fns.items():
+            rows[s].rel_err = _rel_err(fn(*example), want)
+            if rows[s].rel_err > REL_TOL:
+                log(f"{name}: {s} differs from eager ({rows[s].rel_err:.1e} of the output's "
+                    "magnitude)")
             for _ in range(warmup):
                 fn(*example)
         calls0 = {s: c.kernel_call_count for s, c in counters.items() if c is not None}
@@ -243,25 +320,68 @@ def _fmt(v, spec):
     return "—" if v is None else format(v, spec)
 
 
+def _geomean(xs: list[float]) -> float | None:
+    import math
+    return math.exp(sum(math.log(x) for x in xs) / len(xs)) if xs else None
+
+
+def _right(r: Row) -> bool:
+    return r.median_ms is not None and r.rel_err is not None and r.rel_err <= REL_TOL
+
+
+def summary(rows: list[Row]) -> str:
+    """Per model: the fastest correct peer, and ``aot`` (and ``aot-coverage``) against it
+    and against eager; geomeans over the models every one of them ran."""
+    ours = ("aot", "aot-coverage")
+    lines = ["| model | fastest peer | peer ms | aot ms | aot vs peer | aot-coverage vs eager |",
+             "|---|---|---|---|---|---|"]
+    vs_peer, cov = [], []
+    for m in dict.fromkeys(r.model for r in rows):
+        mine = {r.system: r for r in rows if r.model == m}
+        peers = [r for s, r in mine.items() if s not in ours and s != "eager" and _right(r)]
+        best = min(peers, key=lambda r: r.median_ms, default=None)
+        a, c = mine.get("aot"), mine.get("aot-coverage")
+        ratio = best.median_ms / a.median_ms if best and a and _right(a) else None
+        cvs = c.speed_vs_eager if c and _right(c) else None
+        if ratio:
+            vs_peer.append(ratio)
+        if cvs:
+            cov.append(cvs)
+        lines.append(f"| {m} | {best.system if best else '—'} | "
+                     f"{_fmt(best.median_ms if best else None, '.2f')} | "
+                     f"{_fmt(a.median_ms if a else None, '.2f')} | {_fmt(ratio, '.2f')}x | "
+                     f"{_fmt(cvs, '.2f')}x |")
+    g, gc = _geomean(vs_peer), _geomean(cov)
+    lines.append(f"| **geomean** | | | | {_fmt(g, '.2f')}x | {_fmt(gc, '.2f')}x |")
+    return ("aot against the fastest peer that gave eager's answer (> 1: aot is faster); "
+            "aot-coverage against eager:\n\n" + "\n".join(lines) + "\n")
+
+
 def markdown(rows: list[Row], info: dict, runs: int) -> str:
     head = (f"Machine: {info['cpu']}, {info['cores']} cores, torch {info['torch']} "
             f"({info['torch_threads']} threads), IREE {info['iree']}"
             + (f", GPU {info['gpu']}" if "gpu" in info else "") + f"; target {info['target']}; "
             f"medians of at least {runs} interleaved runs after warm-up (runs per row "
-            "in the table).\n\n")
+            "in the table). Denormals: left as each system leaves them (no flush-to-zero "
+            "set). Error: largest |system - eager| over the largest |eager|; "
+            f"beyond {REL_TOL:g} the row is marked ✗.\n\n")
     lines = ["| model | system | median ms | p10–p90 ms | runs | items/s | speed vs eager "
-             "| compile s | peak RSS added MB | kernel calls/run |", "|" + "---|" * 10]
+             "| compile s | peak RSS added MB | kernel calls/run | error |", "|" + "---|" * 11]
     for r in rows:
         if r.skipped:
-            lines.append(f"| {r.model} | {r.system} | skipped: {r.skipped} | | | | | | | |")
+            lines.append(f"| {r.model} | {r.system} | skipped: {r.skipped} | | | | | | | | |")
             continue
+        err = "—" if r.rel_err is None else f"{r.rel_err:.1e}" + ("" if _right(r) else " ✗")
         lines.append(
             f"| {r.model} | {r.system} | {_fmt(r.median_ms, '.2f')} | "
             f"{_fmt(r.p10_ms, '.2f')}–{_fmt(r.p90_ms, '.2f')} | {len(r.samples_ms)} | "
             f"{_fmt(r.throughput_per_s, '.1f')} | "
             f"{_fmt(r.speed_vs_eager, '.2f')}x | {_fmt(r.compile_s, '.1f')} | "
-            f"{_fmt(r.peak_rss_mb, '.0f')} | {_fmt(r.kernel_calls_per_run, '.0f')} |")
-    return head + "\n".join(lines) + "\n"
+            f"{_fmt(r.peak_rss_mb, '.0f')} | {_fmt(r.kernel_calls_per_run, '.0f')} | {err} |")
+    body = head + "\n".join(lines) + "\n"
+    if any(r.system in ("aot", "aot-coverage") for r in rows):
+        body += "\n" + summary(rows)
+    return body
 
 
 def plot(rows: list[Row], path: str, info: dict) -> bool:
