@@ -31,3 +31,48 @@ def test_bench_quick_writes_markdown_json_and_png(tmp_path, capsys):
 def test_bench_rejects_unknown_model(tmp_path):
     with pytest.raises(SystemExit, match="unknown benchmark model"):
         cli.main(["bench", "--models", "nope", "--out", str(tmp_path)])
+
+
+def test_bench_peers_on_a_small_model(tmp_path, monkeypatch):
+    """Each installed peer runs and gives eager's answer; a missing one is a skipped row
+    naming its package; the summary compares aot with the fastest correct peer."""
+    import torch
+
+    from benchmarks import suite
+
+    def small():
+        torch.manual_seed(0)
+        m = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 8))
+        return m.eval(), (torch.randn(2, 32),)
+    monkeypatch.setitem(suite.BENCH_MODELS, "tiny", small)
+    systems = ["eager", "onnxruntime", "openvino", "aot"]
+    rows = suite.run_suite(["tiny"], systems, runs=3, warmup=1, target="cpu", log=lambda s: None)
+    by = {r.system: r for r in rows}
+    for s in systems:
+        r = by[s]
+        if r.skipped:  # only a missing package may skip a peer here
+            assert s in ("onnxruntime", "openvino") and "not installed" in r.skipped
+            continue
+        assert r.rel_err is not None and r.rel_err <= suite.REL_TOL, (s, r.rel_err)
+        assert len(r.samples_ms) >= 3 and r.median_ms > 0
+    md = suite.markdown(rows, suite.machine_info("cpu"), 3)
+    assert "fastest peer" in md and "| tiny | aot |" in md
+
+
+def test_bench_model_and_system_sets():
+    from benchmarks import suite
+    assert suite.expand(["zoo_b1"], suite.MODEL_SETS)[:2] == ["resnet18_b1", "resnet50_b1"]
+    assert "bert_base_b8" in suite.expand(["zoo"], suite.MODEL_SETS)
+    assert suite.expand(["peers", "aot-coverage"], suite.SYSTEM_SETS) == [
+        "eager", "inductor-freezing", "aotinductor", "onnxruntime", "openvino", "aot",
+        "aot-coverage"]
+    assert all(m in suite.BENCH_MODELS for m in suite.MODEL_SETS["zoo"])
+
+
+def test_rel_err_of_mismatched_outputs_is_infinite():
+    import torch
+
+    from benchmarks import suite
+    assert suite._rel_err(torch.ones(3), torch.ones(4)) == float("inf")
+    assert suite._rel_err((torch.ones(3),), (torch.ones(3), torch.ones(3))) == float("inf")
+    assert suite._rel_err(torch.tensor([1.0, 2.0]), torch.tensor([1.0, 4.0])) == 0.5

@@ -1,0 +1,124 @@
+"""Do the benchmark models produce denormal floats, and what would flushing them buy?
+
+    python benchmarks/denormals.py                       # the zoo at batch 1
+    python benchmarks/denormals.py --models efficientnet_b0 --out results/
+
+For each model (random weights as ``models/zoo.py`` makes them, a standard-normal
+input): the share of denormal values among all float32 activations (every leaf
+module's outputs, by forward hooks), eager's median latency as is and with
+``torch.set_flush_denormal(True)`` (FTZ/DAZ on the calling thread), and the largest
+output difference flushing makes. Then a probe of whether the flag reaches
+ATen's intra-op worker threads: a multiply of denormal inputs, large enough to be
+split across threads, gives zeros only where the thread flushed.
+This is a measurement, not a test: nothing here asserts.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+
+TINY = 1.1754943508222875e-38  # the smallest normal float32
+
+
+def _denormal_share(model, args) -> tuple[int, int]:
+    import torch
+    counts = [0, 0]
+
+    def hook(_m, _i, out):
+        for t in torch.utils._pytree.tree_leaves(out):
+            if isinstance(t, torch.Tensor) and t.dtype == torch.float32:
+                a = t.abs()
+                counts[0] += int(((a > 0) & (a < TINY)).sum())
+                counts[1] += t.numel()
+    hs = [m.register_forward_hook(hook) for m in model.modules() if not list(m.children())]
+    with torch.no_grad():
+        model(*args)
+    for h in hs:
+        h.remove()
+    return counts[0], counts[1]
+
+
+def _median_ms(fn, n: int) -> float:
+    fn()
+    xs = []
+    for _ in range(n):
+        t = time.perf_counter()
+        fn()
+        xs.append((time.perf_counter() - t) * 1e3)
+    return statistics.median(xs)
+
+
+def measure(name: str, runs: int) -> dict:
+    import torch
+    from models.zoo import bert_base, vision_model
+    model, args = bert_base() if name == "bert_base" else vision_model(name)
+    den, total = _denormal_share(model, args)
+    with torch.no_grad():
+        want = model(*args)
+        keep = _median_ms(lambda: model(*args), runs)
+        torch.set_flush_denormal(True)
+        try:
+            got = model(*args)
+            flush = _median_ms(lambda: model(*args), runs)
+        finally:
+            torch.set_flush_denormal(False)
+    return {"model": name, "denormal": den, "values": total, "keep_ms": keep,
+            "flush_ms": flush, "max_diff": float((got - want).abs().max()),
+            "max_out": float(want.abs().max())}
+
+
+def thread_probe() -> dict:
+    """How many of a large denormal multiply's outputs flush to zero with the flag set."""
+    import torch
+    x = torch.full((1 << 22,), 1e-39)
+    torch.set_flush_denormal(True)
+    try:
+        y = x * 1.0
+    finally:
+        torch.set_flush_denormal(False)
+    return {"threads": torch.get_num_threads(), "flushed": int((y == 0).sum()), "n": y.numel()}
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--models", default="resnet18,resnet50,mobilenet_v2,mobilenet_v3_small,"
+                                        "efficientnet_b0,vit_b_16,convnext_tiny,bert_base")
+    ap.add_argument("--runs", type=int, default=5)
+    ap.add_argument("--out", help="folder for denormals.md")
+    a = ap.parse_args(argv)
+    from benchmarks.suite import machine_info
+    m = machine_info("cpu")
+    lines = ["# Denormal floats in the benchmark models", "",
+             f"{m['cpu']}, {m['cores']} cores, torch {m['torch']}, {m['torch_threads']} threads; "
+             "random weights (models/zoo.py), batch 1, eager, median of "
+             f"{a.runs} calls", "",
+             "| model | denormal activations | eager ms | eager ms, FTZ/DAZ | output change "
+             "(max abs / max output) |", "|---|---|---|---|---|"]
+    for name in a.models.split(","):
+        r = measure(name, a.runs)
+        print(r, flush=True)
+        lines.append(f"| {name} | {r['denormal']:,} of {r['values']:,} | {r['keep_ms']:.2f} | "
+                     f"{r['flush_ms']:.2f} | {r['max_diff']:.1e} / {r['max_out']:.1e} |")
+    p = thread_probe()
+    print(p, flush=True)
+    lines += ["", f"Does `torch.set_flush_denormal(True)` reach ATen's worker threads? A "
+              f"multiply of {p['n']:,} denormal inputs with {p['threads']} threads flushed "
+              f"{p['flushed']:,} of them ({100 * p['flushed'] / p['n']:.0f}%)."]
+    text = "\n".join(lines) + "\n"
+    print(text)
+    if a.out:
+        os.makedirs(a.out, exist_ok=True)
+        with open(os.path.join(a.out, "denormals.md"), "w") as f:
+            f.write(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
