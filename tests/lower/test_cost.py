@@ -1,0 +1,55 @@
+"""Per-op cost measurement: every unmeasured signature's IREE side in one compiler run."""
+
+import torch
+
+from aot.lower import cost, iree_compile
+from aot.lower.cost import CostCache, measure_nodes
+from aot.lower.targets import get_target
+
+
+class TwoConvs(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a = torch.nn.Conv2d(8, 16, 3, padding=1)
+        self.b = torch.nn.Conv2d(16, 16, 1)
+        self.c = torch.nn.Linear(16, 32)
+
+    def forward(self, x):
+        return self.c(self.b(self.a(x)).mean((2, 3)))
+
+
+def _heavy_nodes():
+    ep = torch.export.export(TwoConvs().eval(), (torch.randn(1, 8, 16, 16),))
+    return [n for n in ep.graph.nodes if n.op == "call_function"
+            and n.target in (torch.ops.aten.conv2d.default, torch.ops.aten.linear.default)]
+
+
+def test_signatures_are_measured_in_one_compile_and_cached(tmp_path, monkeypatch):
+    target = get_target("cpu")
+    runs = []
+    real = iree_compile.try_compile
+    monkeypatch.setattr(iree_compile, "try_compile", lambda *a, **k: runs.append(1) or real(*a, **k))
+    nodes = _heavy_nodes()
+    assert len(nodes) == 3
+    got = measure_nodes(nodes, target, CostCache(target, directory=str(tmp_path)))
+    assert len(runs) == 1 and len(got) == 3
+    for c in got.values():
+        assert c.aten_ms > 0 and c.iree_ms > 0
+    # a second measurement reads the cache: no compile, the same numbers
+    again = measure_nodes(nodes, target, CostCache(target, directory=str(tmp_path)))
+    assert len(runs) == 1 and again == got
+
+
+def test_a_module_that_does_not_compile_falls_back_to_one_compile_per_op(tmp_path, monkeypatch):
+    target = get_target("cpu")
+    real = iree_compile.try_compile
+    calls = []
+
+    def fails_together(text, tgt, *a, **k):  # the batch fails; each op alone compiles
+        calls.append(text.count("func.func @op"))
+        return (None, "error: simulated") if text.count("func.func @op") > 1 else real(text, tgt, *a, **k)
+    monkeypatch.setattr(iree_compile, "try_compile", fails_together)
+    got = measure_nodes(_heavy_nodes(), target, CostCache(target, directory=str(tmp_path)))
+    assert calls == [3, 1, 1, 1]
+    assert all(c.iree_ms and c.iree_ms > 0 for c in got.values())
+    assert cost.Cost(None, None) not in got.values()
