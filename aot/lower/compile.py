@@ -33,7 +33,8 @@ from ..importer.locations import node_location
 from .fold_bn import fold_batch_norm
 from .fold_constants import fold_constants
 from .recover import blame, grow
-from .regions import choose_region, worth_measuring
+from .regions import choose_region, pick_variant, worth_measuring
+from .tiling import tiled_target, worth_tiling
 from .targets import Target
 
 __all__ = ["compile_program", "compile_model"]
@@ -146,9 +147,15 @@ def _compile_split(imported: ImportedProgram, target: Target, policy: PlacementP
         vmfb, diag = try_compile(p.mlir, target)
         if vmfb is not None:
             art = _artifact(p, vmfb, time.perf_counter() - t0)
+            variants = _tiled_variant(imported, target, policy, demoted) \
+                if example is not None else {}
             if example is not None and worth_measuring(imported, art, target, policy):
-                art = choose_region(art, imported, target, policy, example)
-                art.manifest["compile_seconds"] = round(time.perf_counter() - t0, 3)
+                art = choose_region(art, imported, target, policy, example, variants)
+            elif variants:
+                name, entry = pick_variant({"iree": art, **variants}, example, target)
+                art = {"iree": art, **variants}[name]
+                art.manifest["variant"] = entry
+            art.manifest["compile_seconds"] = round(time.perf_counter() - t0, 3)
             art.manifest["folded_ops"] = folded
             return art
         fresh = {k: v for k, v in blame(diag, p.mlir, p.placements).items() if k not in demoted}
@@ -163,6 +170,25 @@ def _compile_split(imported: ImportedProgram, target: Target, policy: PlacementP
         demoted.update(fresh)
     raise compile_error(p.mlir, target, diag, what=imported.name,
                         note=f"(gave up after {_MAX_RECOVERY_ROUNDS} recovery rounds)\n")
+
+
+def _tiled_variant(imported: ImportedProgram, target: Target, policy: PlacementPolicy,
+                   demoted: dict) -> dict[str, CompiledArtifact]:
+    """``{"iree-tiled": artifact}`` where ``tiling`` says to try data tiling, else ``{}``."""
+    if not worth_tiling(imported, target, policy):
+        return {}
+    t0 = time.perf_counter()
+    try:  # everything IREE covers compiled: its tiled matmuls are what is worth measuring
+        p = partition(imported, tiled_target(target),
+                      dataclasses.replace(policy, placement="coverage"), demoted=demoted)
+        vmfb, diag = try_compile(p.mlir, p.target)
+    except Exception as e:  # a variant that cannot be built is not a candidate
+        log.info("no data-tiled variant of %s: %s", imported.name, e)
+        return {}
+    if vmfb is None:
+        log.info("no data-tiled variant of %s: %s", imported.name, first_error(diag))
+        return {}
+    return {"iree-tiled": _artifact(p, vmfb, time.perf_counter() - t0)}
 
 
 def _host_artifact(imported: ImportedProgram, target: Target, policy: PlacementPolicy,

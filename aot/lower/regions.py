@@ -131,11 +131,14 @@ def _quantized_mm(n) -> bool:
 
 
 def choose_region(per_op: CompiledArtifact, imported: ImportedProgram, target: Target,
-                  policy: PlacementPolicy, example) -> CompiledArtifact:
+                  policy: PlacementPolicy, example,
+                  variants: dict[str, CompiledArtifact] | None = None) -> CompiledArtifact:
     """The fastest of the per-op artifact and the ATen-region candidates.
 
     Args:
         per_op: the artifact of the per-op placement.
+        variants: more per-op artifacts to measure (``iree-tiled``: compiled with
+            data tiling and microkernels, ``aot.lower.tiling``).
         imported: the program it was compiled from (batch norm folded).
         policy: its ``plan`` (``CompiledModule.plan()``), when given, pins the choice.
         example: ``(args, kwargs)``, the example inputs to time the candidates on.
@@ -151,6 +154,7 @@ def choose_region(per_op: CompiledArtifact, imported: ImportedProgram, target: T
         # around each kernel call, at the price of single-threaded compiled code
         cands["iree-sync"] = CompiledArtifact(
             per_op.vmfb, {**per_op.manifest, "driver": "local-sync"}, per_op.constants)
+    cands.update(variants or {})
     cands.update(_aten_candidates(imported, target))
     key = program_key(imported, target, cands)
     region = _pinned(policy.plan, cands) or _cached(key, cands, target)
@@ -164,7 +168,7 @@ def choose_region(per_op: CompiledArtifact, imported: ImportedProgram, target: T
     region["key"] = key
     log.info("region placement: %s", region)
     best = region["chosen"]
-    if best in ("iree", "iree-sync"):
+    if best in ("iree", "iree-sync") or best in (variants or {}):
         return _with_region(cands[best], region, per_op.manifest["placements"], policy)
     times = region.get("candidates_ms") or {}
     if best in times and "iree" in times:
@@ -180,8 +184,8 @@ def choose_region(per_op: CompiledArtifact, imported: ImportedProgram, target: T
 
 
 # the fixed order near-ties are settled in: the per-op placement first, then the simpler regions
-_ORDER = ["iree", "iree-sync", "aten", "aten-prepacked", "aten-channels-last", "aten-int8-onednn"]
-_RULE = 2  # the decision rule's version, part of the cache key
+_ORDER = ["iree", "iree-sync", "iree-tiled", "aten", "aten-prepacked", "aten-channels-last", "aten-int8-onednn"]
+_RULE = 3  # the decision rule's version, part of the cache key
 _CONFIDENCE = 2.0  # a lead counts when it exceeds this many standard errors of the difference
 
 
@@ -232,6 +236,16 @@ def _decide(stats: dict[str, tuple[float, float, int]]) -> dict:
     if undecided:
         region["undecided"] = list(undecided)
     return region
+
+
+def pick_variant(cands: dict[str, CompiledArtifact], example, target: Target) -> tuple[str, dict]:
+    """``(name, region-style entry)``: the fastest of compiled variants of one program,
+    timed and decided as region candidates are (``iree`` stands on near-ties)."""
+    stats = _time_candidates(cands, example, target)
+    if "iree" not in stats:
+        return "iree", {}
+    entry = _decide(stats)
+    return entry["chosen"], entry
 
 
 def choice(region: dict) -> str:

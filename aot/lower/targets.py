@@ -20,6 +20,7 @@ class Target:
     backend: str
     driver: str
     flags: tuple[str, ...]
+    profile: str = "default"  # "iree-default": IREE as it comes, no measured flag variants
 
 
 TARGETS: dict[str, Target] = {
@@ -51,4 +52,4 @@ def get_target(name: str, extra_flags: tuple[str, ...] = (), profile: str = "def
     except KeyError:
         raise CompileFailed(f"unknown profile {profile!r} for {name}; choose one of "
                             f"{sorted(PROFILES[name])}") from None
-    return Target(t.name, t.backend, t.driver, t.flags + pflags + tuple(extra_flags))
+    return Target(t.name, t.backend, t.driver, t.flags + pflags + tuple(extra_flags), profile)

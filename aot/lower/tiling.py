@@ -1,0 +1,68 @@
+"""A second compile of the program with data tiling and microkernels, to measure.
+
+IREE 3.13's CPU matmuls without data tiling run about 3x slower than with it
+(``--iree-opt-data-tiling --iree-llvmcpu-enable-ukernels=all``) on this project's
+2-core AMD EPYC: a 197x768 by 768x3072 linear (ViT-B/16's MLP) takes 18.5 ms
+against 6.1 ms (``iree-benchmark-module``, ATen 5.5 ms). The same flags make
+depthwise-heavy convolution networks slower (MobileNetV2 under
+``placement="coverage"``: 12.4 ms -> 15.8 ms). Flags are global to one IREE
+compile, so the choice is per program, by measurement: where matmul-family ops
+(linear, mm, bmm, matmul, addmm, baddbmm) carry at least ``MATMUL_SHARE`` of the
+program's heavy FLOPs, the program is also partitioned as ``placement="coverage"``
+does (everything IREE covers compiled: per-op cost probes take weights as inputs,
+so under data tiling they pay a weight repacking per call that a compiled model
+hoists into its initialiser) and compiled for a target with those flags
+(``iree-tiled``), and timed end to end against the plain one:
+among the region candidates under the default options, or against the plain
+per-op artifact alone under ``placement="coverage"`` (the manifest's ``variant``
+entry gives both times). A failing tiled compile is dropped (the plain one
+stands). Never under ``fallback="all"`` (bit-exact round trip), the
+``iree-default`` profile (IREE as it comes), or when the user already passed
+data-tiling or microkernel flags.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+
+import torch
+
+from ..importer.program import ImportedProgram
+from .flops import node_flops
+from .placement import PlacementPolicy
+from .targets import Target
+
+__all__ = ["TILING_FLAGS", "MATMUL_SHARE", "worth_tiling", "tiled_target"]
+log = logging.getLogger(__name__)
+
+TILING_FLAGS = ("--iree-opt-data-tiling", "--iree-llvmcpu-enable-ukernels=all")
+MATMUL_SHARE = 0.5
+_MATMULS = {"linear", "mm", "bmm", "matmul", "addmm", "baddbmm"}
+
+
+def _matmul_share(imported: ImportedProgram) -> float:
+    total = mm = 0.0
+    for n in imported.exported.graph.nodes:
+        if n.op != "call_function":
+            continue
+        f = node_flops(n) or 0
+        total += f
+        if isinstance(n.target, torch._ops.OpOverload) and \
+                n.target._schema.name.split("::")[-1] in _MATMULS:
+            mm += f
+    return mm / total if total else 0.0
+
+
+def worth_tiling(imported: ImportedProgram, target: Target, policy: PlacementPolicy) -> bool:
+    """A CPU program whose heavy FLOPs are mostly matmuls, flags not chosen by the user."""
+    if target.backend != "llvm-cpu" or policy.fallback == "all" or target.profile != "default":
+        return False
+    if any(f.startswith(("--iree-opt-data-tiling", "--iree-dispatch-creation-data-tiling",
+                         "--iree-llvmcpu-enable-ukernels")) for f in target.flags):
+        return False
+    return _matmul_share(imported) >= MATMUL_SHARE
+
+
+def tiled_target(target: Target) -> Target:
+    return dataclasses.replace(target, flags=tuple(target.flags) + TILING_FLAGS)
