@@ -21,8 +21,9 @@ import torch
 
 __all__ = ["conv_as_matmul", "FORMS"]
 
-# names the compiled forms emitted here; part of the cost cache's key (``cost``)
-FORMS = "conv-as-matmul-1"
+# names the compiled forms emitted here and in ``attention_rewrites``; part of the cost
+# cache's key (``cost``)
+FORMS = "conv-as-matmul-1+attention-as-matmuls-1"
 log = logging.getLogger(__name__)
 aten = torch.ops.aten
 

@@ -28,6 +28,7 @@ from ..importer.program import ImportedProgram
 from ..torch_tensor import QuantParams, TorchTensor
 from .cost import MIN_FLOPS
 from .coverage import CoverageCache, Verdict, op_signature, probe_nodes
+from .attention_rewrites import attention_as_matmuls
 from .conv_rewrites import conv_as_matmul
 from .flops import node_flops
 from .iree_faults import iree_fault
@@ -359,7 +360,8 @@ def _rewrite(node, g: torch.fx.Graph, env: dict, decided: dict, specs: list,
         return DROP if v[0] is None else v[0]  # DROP: only used inside its group
     where, reason = decided.get(node, (COMPILED, ""))
     if where != KERNEL_CALL:
-        return conv_as_matmul(node, g, env)  # None: copied as it is
+        # None: copied as it is
+        return conv_as_matmul(node, g, env) or attention_as_matmuls(node, g, env)
     spec, operands, scalars, _ = _kernel_call_spec(node, env, f"call_{len(specs)}", reason, consts)
     ins = "t" * len(spec.crossing) + "".join(spec.scalar_inputs)
     new = g.call_function(kernel_call_op(ins, spec.out_kinds),
