@@ -13,7 +13,9 @@ Systems (each skipped with its reason where it cannot run the model):
 - ``aot-coverage``: ``aot.compile(model, args, placement="coverage")``: everything
   IREE can lower runs compiled (how fast IREE's own code is).
 
-Every system's output is checked against eager's once after building: the row
+Before each timed call the suite pauses ``IDLE_S`` (untimed), so worker threads a
+system leaves spinning do not take the cores from the next one. Every system's
+output is checked against eager's once after building: the row
 gives the largest difference relative to the output's largest magnitude, and a
 system beyond ``REL_TOL`` is marked wrong (timed all the same). Denormals are left
 as each system leaves them (nothing here sets flush-to-zero); the table's header
@@ -53,6 +55,8 @@ DEFAULT_SYSTEMS = ("eager", "inductor", "iree-default", "aot")
 QUICK_MODELS = ("resnet18_b1", "custom_op")
 QUICK_SYSTEMS = ("eager", "iree-default", "aot")
 PEER_SYSTEMS = ("eager", "inductor-freezing", "aotinductor", "onnxruntime", "openvino", "aot")
+IDLE_S = 0.005  # untimed pause before each call: ONNX Runtime's, OpenVINO's, IREE's and
+# OpenMP's worker threads spin for a while after a call, on the cores the next system needs
 REL_TOL = 1e-3  # largest |system - eager| / largest |eager| a row may show and still be right
 
 
@@ -128,6 +132,7 @@ class Row:
     target: str
     batch: int
     rel_err: float | None = None
+    choice: str | None = None  # aot: the region or variant its compile chose
     median_ms: float | None = None
     p10_ms: float | None = None
     p90_ms: float | None = None
@@ -241,6 +246,10 @@ def run_model(name: str, systems, runs: int, warmup: int, target: str,
             log(f"{name}: {s} skipped ({rows[s].skipped})")
             continue
         fns[s], counters[s] = fn, counter
+        if counter is not None:  # what aot chose, to read the row by
+            m = counter.manifest
+            rows[s].choice = ((m.get("region") or m.get("variant") or {}).get("chosen")
+                              or "per-op")
         rows[s].compile_s = round(secs, 2)
     sync = torch.cuda.synchronize if target == "cuda" else (lambda: None)
     with torch.no_grad():
@@ -271,6 +280,7 @@ def run_model(name: str, systems, runs: int, warmup: int, target: str,
             k = done % len(order)
             done += 1
             for s, fn in order[k:] + order[:k]:
+                time.sleep(IDLE_S)  # the previous system's worker threads stop spinning
                 _reset_peak_rss()
                 before = _status_mb("VmRSS") or 0.0
                 sync()
@@ -320,6 +330,10 @@ def _fmt(v, spec):
     return "—" if v is None else format(v, spec)
 
 
+def _times(v) -> str:
+    return "—" if v is None else f"{v:.2f}x"
+
+
 def _geomean(xs: list[float]) -> float | None:
     import math
     return math.exp(sum(math.log(x) for x in xs) / len(xs)) if xs else None
@@ -349,10 +363,9 @@ def summary(rows: list[Row]) -> str:
             cov.append(cvs)
         lines.append(f"| {m} | {best.system if best else '—'} | "
                      f"{_fmt(best.median_ms if best else None, '.2f')} | "
-                     f"{_fmt(a.median_ms if a else None, '.2f')} | {_fmt(ratio, '.2f')}x | "
-                     f"{_fmt(cvs, '.2f')}x |")
+                     f"{_fmt(a.median_ms if a else None, '.2f')} | {_times(ratio)} | {_times(cvs)} |")
     g, gc = _geomean(vs_peer), _geomean(cov)
-    lines.append(f"| **geomean** | | | | {_fmt(g, '.2f')}x | {_fmt(gc, '.2f')}x |")
+    lines.append(f"| **geomean** | | | | {_times(g)} | {_times(gc)} |")
     return ("aot against the fastest peer that gave eager's answer (> 1: aot is faster); "
             "aot-coverage against eager:\n\n" + "\n".join(lines) + "\n")
 
@@ -373,7 +386,8 @@ def markdown(rows: list[Row], info: dict, runs: int) -> str:
             continue
         err = "—" if r.rel_err is None else f"{r.rel_err:.1e}" + ("" if _right(r) else " ✗")
         lines.append(
-            f"| {r.model} | {r.system} | {_fmt(r.median_ms, '.2f')} | "
+            f"| {r.model} | {r.system}{f' ({r.choice})' if r.choice else ''} | "
+            f"{_fmt(r.median_ms, '.2f')} | "
             f"{_fmt(r.p10_ms, '.2f')}–{_fmt(r.p90_ms, '.2f')} | {len(r.samples_ms)} | "
             f"{_fmt(r.throughput_per_s, '.1f')} | "
             f"{_fmt(r.speed_vs_eager, '.2f')}x | {_fmt(r.compile_s, '.1f')} | "
