@@ -169,7 +169,9 @@ def choose_region(per_op: CompiledArtifact, imported: ImportedProgram, target: T
     log.info("region placement: %s", region)
     best = region["chosen"]
     if best in ("iree", "iree-sync") or best in (variants or {}):
-        return _with_region(cands[best], region, per_op.manifest["placements"], policy)
+        # a variant was partitioned on its own (``iree-tiled``: as placement="coverage"):
+        # its placements, not the per-op ones, say where its ops run
+        return _with_region(cands[best], region, cands[best].manifest["placements"], policy)
     times = region.get("candidates_ms") or {}
     if best in times and "iree" in times:
         why = (f"one ATen region ({best}): the whole program ran faster in ATen on this "
