@@ -2,8 +2,11 @@
 
 A module compiled from contiguous examples is given channels-last, transposed,
 offset and expanded tensors, on the compiled (+ kernel call), all-fallback,
-prepacked (pinned by a plan) and default (measured region) paths: the outputs are eager's (float32 rtol 1e-5 /
-atol 1e-5 where IREE compiled, exact under ``fallback="all"``), each conversion
+prepacked (pinned by a plan) and default (measured region) paths: the outputs are
+eager's within float32 rtol 1e-5 / atol 1e-5. Under ``fallback="all"`` they are
+bit-exact with eager on the input converted to the compiled layout (which is what
+the module runs); eager on the channels-last tensor itself may round one ulp
+differently (oneDNN picks another convolution kernel for NHWC). Each conversion
 is counted and warned about once; ``strict_layout=True`` makes it an
 ``InputMismatch``; a non-strided layout is an ``InputMismatch`` naming it.
 """
@@ -25,7 +28,7 @@ class ConvI0(torch.nn.Module):
         return torch.special.i0(self.conv(x) * 0.1) + 1
 
 
-X = torch.randn(2, 3, 8, 8)
+X = torch.randn(2, 3, 8, 8, generator=torch.Generator().manual_seed(0))
 LAYOUTS = {
     "channels_last": lambda: X.contiguous(memory_format=torch.channels_last),
     "transposed": lambda: X.transpose(2, 3).contiguous().transpose(2, 3),
@@ -47,14 +50,17 @@ def compiled(request):
 
 def test_any_strided_input_gives_eagers_answer(compiled):
     mode, m, cm = compiled
-    tol = dict(rtol=0, atol=0) if mode == "all" else dict(rtol=1e-5, atol=1e-5)
+    tol = dict(rtol=1e-5, atol=1e-5)
     before = cm.layout_conversions
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         for name, make in LAYOUTS.items():
             x = make()
             with torch.no_grad():
-                torch.testing.assert_close(cm(x), m(x), **tol)
+                got = cm(x)
+                torch.testing.assert_close(got, m(x), **tol)
+                if mode == "all":  # the round trip: eager's kernels on the converted input
+                    torch.testing.assert_close(got, m(x.contiguous()), rtol=0, atol=0)
     assert cm.layout_conversions - before == len(CONVERTED)
     assert len([w for w in caught if "converted on every such call" in str(w.message)]) <= 1
 
