@@ -36,12 +36,16 @@ not on this machine, or under any option other than the defaults
 (``fallback="auto"``, ``placement="auto"``).
 
 **Measuring.** Candidates run in blocks: per round, each candidate (in an order
-that rotates every round) gets an untimed call, a short idle gap (so the worker
-threads of the previous candidate, IREE's or ATen's, park instead of spinning on
-the same cores), then several timed calls. Interleaving single calls made a
-candidate pay for the threads its predecessor left spinning: on 2 cores
-MobileNetV3-Small's ``aten-prepacked`` timed 13.0 ms in one compile and 5.0 ms
-in another.
+that rotates every round) is called untimed for at least ``_WARM_S`` (one call at
+least), then several timed calls. Interleaving single calls made a candidate pay
+for the threads its predecessor left spinning: on 2 cores MobileNetV3-Small's
+``aten-prepacked`` timed 13.0 ms in one compile and 5.0 ms in another. An idle gap
+between blocks (a 5 ms sleep) made it worse the other way: after it, the next
+calls of a fast program ran up to 1.7x slower than its steady state, decaying
+over several calls (custom_op's ``aten``: 0.131, 0.110, 0.100 ... ms against 0.075
+run alone), so fast programs measured 20-40% slow. Warm-up by time, without a
+sleep, puts every timed call at steady state: per block position the same within
+2%, and within a few percent of the candidate run alone.
 
 **Deciding.** Each candidate's median and spread (half its interquartile range)
 are recorded. The fastest median wins, except that a candidate earlier in a fixed
@@ -98,10 +102,10 @@ _QUANTIZED_MM = {f"{QUANTIZED_NAMESPACE}::conv2d", f"{QUANTIZED_NAMESPACE}::line
 RUNS = 9          # timed calls per candidate (fewer when BUDGET_S runs out, never under 3)
 BUDGET_S = 6.0    # time for the timed calls of all candidates together
 _MAX_RUNS = 301     # timed calls per candidate for fast programs...
-_FAST_BUDGET_S = 0.3  # ...as many as fit in this, all candidates together
+_FAST_BUDGET_S = 0.5  # ...as many as fit in this, all candidates together
 _WARMUP = 3       # the second call of a CUDA region captures its graph
 _BLOCK = 3        # timed calls per candidate per round, after one untimed call
-_IDLE_S = 0.005   # between candidates: the previous one's worker threads park
+_WARM_S = 0.005   # untimed calls per block, at least this long: steady state again
 EXTRA_S = 2.0     # at most this much more for two contenders whose order is not yet clear
 MARGIN = 0.03     # leads within this fraction are near-ties, settled by ``_ORDER``
 
@@ -187,7 +191,7 @@ def choose_region(per_op: CompiledArtifact, imported: ImportedProgram, target: T
 
 # the fixed order near-ties are settled in: the per-op placement first, then the simpler regions
 _ORDER = ["iree", "iree-sync", "iree-tiled", "aten", "aten-prepacked", "aten-channels-last", "aten-int8-onednn"]
-_RULE = 3  # the decision rule's version, part of the cache key
+_RULE = 4  # the decision rule's version, part of the cache key
 _CONFIDENCE = 2.0  # a lead counts when it exceeds this many standard errors of the difference
 
 
@@ -350,8 +354,8 @@ def _on_device(example, target: Target):
 def _time_candidates(cands: dict[str, CompiledArtifact], example, target: Target) -> dict:
     """``{candidate: (median ms, spread ms, runs)}`` for every candidate that ran.
 
-    Blocks of ``_BLOCK`` timed calls per candidate per round, after an untimed call
-    and an idle gap; the order rotates every round so drifts hit all alike.
+    Blocks of ``_BLOCK`` timed calls per candidate per round, after untimed calls
+    for ``_WARM_S``; the order rotates every round so drifts hit all alike.
     """
     from ..runtime.module import CompiledModule
 
@@ -374,7 +378,7 @@ def _time_candidates(cands: dict[str, CompiledArtifact], example, target: Target
             for m in mods.values():
                 m(*args, **kwargs)
             sync()
-            per_round = (time.perf_counter() - t) * (_BLOCK + 1) + _IDLE_S * len(mods)
+            per_round = (time.perf_counter() - t) * (_BLOCK + 1) + _WARM_S * len(mods)
             rounds = max(rounds, min(_MAX_RUNS // _BLOCK, int(_FAST_BUDGET_S / per_round)))
         deadline = time.perf_counter() + BUDGET_S
         names = list(mods)
@@ -399,11 +403,17 @@ def _time_candidates(cands: dict[str, CompiledArtifact], example, target: Target
 
 
 def _round(mods, order, args, kwargs, sync, samples) -> None:
-    """One block per candidate in ``order``: an idle gap, an untimed call, ``_BLOCK`` timed."""
+    """One block per candidate in ``order``: untimed calls for ``_WARM_S`` (the
+    previous candidate's threads settle, this one's caches and threads warm up; one
+    call at least), then ``_BLOCK`` timed."""
     for name in order:
         m = mods[name]
-        time.sleep(_IDLE_S)
-        m(*args, **kwargs)  # untimed: the first call after another candidate
+        t0 = time.perf_counter()
+        while True:
+            m(*args, **kwargs)
+            sync()
+            if time.perf_counter() - t0 >= _WARM_S:
+                break
         for _ in range(_BLOCK):
             sync()
             t = time.perf_counter()
