@@ -17,6 +17,9 @@ per invocation and per crossing can exceed what its code saves.
   calls): the same artifact on IREE's ``local-sync`` driver, whose dispatches
   run on the calling thread, so no hand-off to worker threads around each
   crossing (compiled code then runs on one thread);
+- ``iree-tiled`` (CPU, programs whose heavy FLOPs are mostly matmuls): the program
+  partitioned as ``placement="coverage"`` and compiled with data tiling and
+  microkernels (``aot.lower.tiling``); its own placements go into the manifest;
 - ``aten``: every op a kernel call, neighbours grouped into as few crossings as
   the boundary allows (batch norm is already folded into the convolutions);
 - ``aten-prepacked`` (CPU, where torch has oneDNN): the same with convolutions
