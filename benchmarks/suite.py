@@ -13,8 +13,13 @@ Systems (each skipped with its reason where it cannot run the model):
 - ``aot-coverage``: ``aot.compile(model, args, placement="coverage")``: everything
   IREE can lower runs compiled (how fast IREE's own code is).
 
-Before each timed call the suite pauses ``IDLE_S`` (untimed), so worker threads a
-system leaves spinning do not take the cores from the next one. Every system's
+Systems are timed in blocks: per round, each system is called untimed for at least
+``WARM_S`` (one call at least), then ``BLOCK`` timed calls. Worker threads the
+previous system left spinning (ONNX Runtime's, OpenVINO's, IREE's, OpenMP's) settle
+during the untimed calls, not during a timed one. (A 5 ms sleep before each single
+timed call, as before, left every system cold: after a sleep a program runs slower
+than its steady state for several calls, so eager MobileNetV3-Small measured 11.7 ms
+here against 7.8 ms run alone.) Every system's
 output is checked against eager's once after building: the row
 gives the largest difference relative to the output's largest magnitude, and a
 system beyond ``REL_TOL`` is marked wrong (timed all the same). Denormals are left
@@ -22,10 +27,10 @@ as each system leaves them (nothing here sets flush-to-zero); the table's header
 says whether the models' eager activations contain denormals
 (``models/zoo.py``).
 
-Calls are interleaved (each repetition calls every system once, the order
-rotating from one repetition to the next) after a warm-up, so slow drifts of
-the machine, and what one system leaves running for the next, hit all alike. After ``runs``
-rounds, systems that have not yet run ``min_seconds`` in total go on, still
+Blocks are interleaved (each round gives every system one block, the order
+rotating from one round to the next) after a warm-up, so slow drifts of the
+machine, and what one system leaves running for the next, hit all alike. After
+``runs`` timed calls, systems that have not yet run ``min_seconds`` in total go on, still
 interleaved with each other (fast models get hundreds of samples). Per row: median
 and spread (10th-90th percentile) of latency, throughput, speed relative to
 eager, compile time, peak resident memory while running, and kernel-call
@@ -55,8 +60,10 @@ DEFAULT_SYSTEMS = ("eager", "inductor", "iree-default", "aot")
 QUICK_MODELS = ("resnet18_b1", "custom_op")
 QUICK_SYSTEMS = ("eager", "iree-default", "aot")
 PEER_SYSTEMS = ("eager", "inductor-freezing", "aotinductor", "onnxruntime", "openvino", "aot")
-IDLE_S = 0.005  # untimed pause before each call: ONNX Runtime's, OpenVINO's, IREE's and
-# OpenMP's worker threads spin for a while after a call, on the cores the next system needs
+WARM_S = 0.02  # untimed calls before each block, at least this long: ONNX Runtime's,
+# OpenVINO's, IREE's and OpenMP's worker threads spin for a while after a call, on the
+# cores the next system needs, and a program is slower than its steady state after a pause
+BLOCK = 3      # timed calls per system per round
 REL_TOL = 1e-3  # largest |system - eager| / largest |eager| a row may show and still be right
 
 
@@ -229,7 +236,8 @@ MAX_RUNS = 2000
 
 def run_model(name: str, systems, runs: int, warmup: int, target: str,
               log: Callable[[str], None], min_seconds: float = 0.0) -> list[Row]:
-    """At least ``runs`` interleaved rounds, more until every system ran ``min_seconds``."""
+    """At least ``runs`` timed calls per system in interleaved blocks, more until every
+    system ran ``min_seconds``."""
     model, example = BENCH_MODELS[name]()
     if target == "cuda":
         model = model.cuda()
@@ -264,13 +272,13 @@ def run_model(name: str, systems, runs: int, warmup: int, target: str,
         calls0 = {s: c.kernel_call_count for s, c in counters.items() if c is not None}
         peaks = {s: 0.0 for s in fns}
         samples = {s: [] for s in fns}
-        log(f"{name}: timing {len(fns)} systems x {runs}+ interleaved runs ...")
+        log(f"{name}: timing {len(fns)} systems x {runs}+ runs in interleaved blocks ...")
         done = 0
         while True:
             # after ``runs`` rounds, only systems that have not yet run ``min_seconds``
             # go on (still interleaved with each other): fast models get many samples,
             # a slow baseline is not run for minutes
-            active = {s: fn for s, fn in fns.items() if done < runs or (
+            active = {s: fn for s, fn in fns.items() if len(samples[s]) < runs or (
                 len(samples[s]) < MAX_RUNS and sum(samples[s]) < min_seconds * 1e3)}
             if not active:
                 break
@@ -280,16 +288,17 @@ def run_model(name: str, systems, runs: int, warmup: int, target: str,
             k = done % len(order)
             done += 1
             for s, fn in order[k:] + order[:k]:
-                time.sleep(IDLE_S)  # the previous system's worker threads stop spinning
-                _reset_peak_rss()
-                before = _status_mb("VmRSS") or 0.0
-                sync()
-                t = time.perf_counter()
-                fn(*example)
-                sync()
-                samples[s].append((time.perf_counter() - t) * 1e3)
-                # memory the call itself needed on top of what was resident before it
-                peaks[s] = max(peaks[s], (_status_mb("VmHWM") or before) - before)
+                _warm(fn, example, sync)  # untimed: the previous system's threads settle
+                for _ in range(BLOCK):
+                    _reset_peak_rss()
+                    before = _status_mb("VmRSS") or 0.0
+                    sync()
+                    t = time.perf_counter()
+                    fn(*example)
+                    sync()
+                    samples[s].append((time.perf_counter() - t) * 1e3)
+                    # memory the call itself needed on top of what was resident before it
+                    peaks[s] = max(peaks[s], (_status_mb("VmHWM") or before) - before)
     for s in fns:
         r, xs = rows[s], sorted(samples[s])
         r.samples_ms = [round(x, 4) for x in samples[s]]
@@ -306,6 +315,16 @@ def run_model(name: str, systems, runs: int, warmup: int, target: str,
         if eager and eager.median_ms and r.median_ms:
             r.speed_vs_eager = eager.median_ms / r.median_ms
     return list(rows.values())
+
+
+def _warm(fn, example, sync) -> None:
+    """Untimed calls for at least ``WARM_S``, one at least."""
+    t0 = time.perf_counter()
+    while True:
+        fn(*example)
+        sync()
+        if time.perf_counter() - t0 >= WARM_S:
+            return
 
 
 def run_suite(models, systems, runs: int, warmup: int, target: str,
@@ -374,7 +393,8 @@ def markdown(rows: list[Row], info: dict, runs: int) -> str:
     head = (f"Machine: {info['cpu']}, {info['cores']} cores, torch {info['torch']} "
             f"({info['torch_threads']} threads), IREE {info['iree']}"
             + (f", GPU {info['gpu']}" if "gpu" in info else "") + f"; target {info['target']}; "
-            f"medians of at least {runs} interleaved runs after warm-up (runs per row "
+            f"medians of at least {runs} runs, timed in interleaved blocks of {BLOCK} after "
+            f"{WARM_S * 1e3:.0f} ms of untimed calls (runs per row "
             "in the table). Denormals: left as each system leaves them (no flush-to-zero "
             "set). Error: largest |system - eager| over the largest |eager|; "
             f"beyond {REL_TOL:g} the row is marked ✗.\n\n")

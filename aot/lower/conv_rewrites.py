@@ -1,12 +1,17 @@
 """Rewrites of convolutions that IREE 3.13 compiles badly, to the same arithmetic.
 
 A 1x1 convolution is a matmul over channels (after a subsample, when strided); a
-strided kxk convolution is a matmul over its im2col columns (k*k strided slices
-stacked). IREE lowers the convolution forms to loop nests far slower than oneDNN,
-and runs matmuls at parity (issue 15). Measured here, compiled alone (median ms):
+kxk convolution is a matmul over its im2col columns (k*k strided slices stacked).
+IREE lowers the convolution forms to loop nests far slower than oneDNN, and runs
+matmuls at parity (issue 15). Measured here, compiled alone (median ms):
 conv 1x1 s2 64->128 at 56x56 31.8 -> 0.21 (eager 0.24); conv 3x3 s2 64->128 at
-56x56 5.09 -> 1.19 (eager 0.68); the 7x7 s2 stem 10.2 -> 3.76 (eager 1.23). Unstrided
-kxk convolutions are left alone (im2col measured no better for them). Every output
+56x56 5.09 -> 1.19 (eager 0.68); the 7x7 s2 stem 10.2 -> 3.76 (eager 1.23).
+Unstrided 3x3 convolutions (padding 1), on the 2-core AMD EPYC machine of
+2026-11-24: 64 ch at 56x56 8.0 -> 3.2 (eager 1.6), 128 at 28x28 6.9 -> 2.3 (1.5),
+256 at 14x14 30.9 -> 8.2 (1.6), 512 at 7x7 31.5 -> 6.0 (2.1); with data tiling and
+microkernels (``tiling``) the 256-channel one takes 2.0. (An earlier session had
+measured im2col no better for them and left them alone: torchvision ResNet18 under
+``placement="coverage"`` then ran at 235 ms, now 44 ms, eager 33.) Every output
 element is the same sum of the same products, so the rewrites are exact up to the
 summation order IREE picks anyway. The partitioner emits them only for the
 convolutions it compiles (``conv_as_matmul``); under ``fallback="all"`` nothing is
@@ -19,11 +24,11 @@ import logging
 
 import torch
 
-__all__ = ["conv_as_matmul", "FORMS"]
+__all__ = ["conv_as_matmul", "as_matmul", "FORMS"]
 
 # names the compiled forms emitted here and in ``attention_rewrites``; part of the cost
 # cache's key (``cost``)
-FORMS = "conv-as-matmul-1+attention-as-matmuls-1"
+FORMS = "conv-as-matmul-2+attention-as-matmuls-1"
 log = logging.getLogger(__name__)
 aten = torch.ops.aten
 
@@ -31,8 +36,8 @@ aten = torch.ops.aten
 def _plan(n: torch.fx.Node) -> dict | None:
     """How to emit a conv2d node as a matmul, or None to leave it as it is.
 
-    1x1 (unpadded, ungrouped): subsample + matmul. kxk with a stride above 1
-    (ungrouped, undilated): im2col by strided slices + matmul.
+    1x1 (unpadded, ungrouped): subsample + matmul. Any other kxk (ungrouped,
+    undilated): im2col by (strided) slices + matmul.
     """
     if n.op != "call_function" or n.target != aten.conv2d.default or n.kwargs:
         return None
@@ -52,9 +57,12 @@ def _plan(n: torch.fx.Node) -> dict | None:
         return None
     if (kh, kw) == (1, 1) and padding == [0, 0]:
         return {"k": (1, 1), "stride": stride, "padding": [0, 0]}
-    if stride != [1, 1]:
-        return {"k": (kh, kw), "stride": stride, "padding": padding}
-    return None
+    return {"k": (kh, kw), "stride": stride, "padding": padding}
+
+
+def as_matmul(n: torch.fx.Node) -> bool:
+    """Whether a compiled ``n`` is emitted as a matmul (``conv_as_matmul``)."""
+    return _plan(n) is not None
 
 
 def _emit(g: torch.fx.Graph, op, args: tuple, val, keep: dict) -> torch.fx.Node:

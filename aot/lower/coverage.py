@@ -51,10 +51,17 @@ def op_signature(node: torch.fx.Node) -> str:
 
 
 class CoverageCache(JsonCache):
-    """Verdicts on disk, one JSON file per IREE version, target and flags."""
+    """Verdicts on disk, one JSON file per IREE version, target and flags.
+
+    The data-tiling flags of a tiled variant (``tiling``) do not count: whether IREE
+    lowers an op is the plain target's verdict (a tiled compile that fails anyway
+    drops its variant), so the variant's partition probes nothing again (ResNet50:
+    43 signatures, ~3 s of a cold compile).
+    """
 
     def __init__(self, target: Target, directory: str | None = None):
-        super().__init__("coverage", target, directory=directory)
+        from .tiling import untiled
+        super().__init__("coverage", untiled(target), directory=directory)
 
     def get(self, sig: str) -> Verdict | None:
         d = self.data.get(sig)
