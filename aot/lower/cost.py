@@ -197,14 +197,14 @@ def _aten_ms(node: torch.fx.Node, device: str) -> float:
 
 def _compiled_form(graph: torch.fx.Graph) -> torch.fx.Graph:
     """The one-op graph as the partitioner compiles it (a convolution IREE runs badly
-    becomes a matmul, ``conv_rewrites``; attention two matmuls, ``attention_rewrites``):
+    becomes a matmul or shifted multiply-adds, ``conv_rewrites``; attention two matmuls, ``attention_rewrites``):
     what IREE's side of the comparison runs."""
     from .attention_rewrites import attention_as_matmuls
-    from .conv_rewrites import conv_as_matmul
+    from .conv_rewrites import conv_as_matmul, depthwise_as_shifts
     g, env = torch.fx.Graph(), {}
     for n in graph.nodes:
-        new = (conv_as_matmul(n, g, env) or attention_as_matmuls(n, g, env)) \
-            if n.op == "call_function" else None
+        new = (conv_as_matmul(n, g, env) or depthwise_as_shifts(n, g, env)
+               or attention_as_matmuls(n, g, env)) if n.op == "call_function" else None
         env[n] = new if new is not None else g.node_copy(n, lambda a: env[a])
     return g
 

@@ -70,3 +70,27 @@ def test_grouped_and_dilated_kxk_convs_keep_their_form():
         p = partition(import_model(conv.eval(), (torch.randn(1, 4, 9, 9),)), get_target("cpu"),
                       PlacementPolicy("auto", (), "coverage"))
         assert "torch.aten.conv2d" in p.mlir and "torch.aten.matmul" not in p.mlir
+
+
+@pytest.mark.parametrize("k,stride,pad,bias,hw", [
+    (3, 1, 1, True, (9, 8)), (3, 2, 1, False, (11, 10)), (5, 1, 2, True, (10, 10)),
+    ((3, 1), (2, 1), (1, 0), True, (7, 9)), (3, 1, 0, True, (6, 6)),
+])
+def test_depthwise_conv_as_shifted_multiply_adds_gives_eagers_values(k, stride, pad, bias, hw):
+    torch.manual_seed(0)
+    m = torch.nn.Conv2d(6, 6, k, stride=stride, padding=pad, groups=6, bias=bias).eval()
+    x = torch.randn(2, 6, *hw)
+    p = partition(import_model(m, (x,)), get_target("cpu"), PlacementPolicy("auto", (), "coverage"))
+    assert "torch.aten.conv2d" not in p.mlir and "torch.aten.mul.Tensor" in p.mlir
+    cm = aot.compile(m, (x,), placement="coverage")
+    assert {pl["where"] for pl in cm.manifest["placements"]} == {"compiled"}
+    with torch.no_grad():
+        torch.testing.assert_close(cm(x), m(x), rtol=1e-5, atol=1e-5)
+
+
+def test_strided_5x5_and_multiplier_depthwise_convs_keep_their_form():
+    for conv, c in ((torch.nn.Conv2d(6, 6, 5, 2, 2, groups=6), 6),
+                    (torch.nn.Conv2d(4, 8, 3, padding=1, groups=4), 4)):
+        p = partition(import_model(conv.eval(), (torch.randn(1, c, 9, 9),)), get_target("cpu"),
+                      PlacementPolicy("auto", (), "coverage"))
+        assert "torch.aten.conv2d" in p.mlir
