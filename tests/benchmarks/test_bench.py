@@ -17,7 +17,7 @@ def test_bench_quick_writes_markdown_json_and_png(tmp_path, capsys):
     assert {s for _, s in rows} == {"eager", "iree-default", "aot"}
     for key in [("resnet18_b1", "eager"), ("resnet18_b1", "aot"), ("custom_op", "aot")]:
         r = rows[key]
-        assert r["skipped"] is None and r["median_ms"] > 0 and len(r["samples_ms"]) == 5
+        assert r["skipped"] is None and r["median_ms"] > 0 and len(r["samples_ms"]) >= 5
         assert r["p10_ms"] <= r["median_ms"] <= r["p90_ms"] and r["speed_vs_eager"] > 0
     # IREE alone cannot run the custom op: a skipped row with the reason, not a crash
     assert "UnsupportedOp" in rows[("custom_op", "iree-default")]["skipped"]
