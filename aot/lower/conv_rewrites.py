@@ -48,31 +48,39 @@ log = logging.getLogger(__name__)
 aten = torch.ops.aten
 
 
-def _plan(n: torch.fx.Node) -> dict | None:
-    """How to emit a conv2d node as a matmul, or None to leave it as it is.
-
-    1x1 (unpadded, ungrouped): subsample + matmul. Any other kxk (ungrouped,
-    undilated): im2col by (strided) slices + matmul.
-    """
+def _conv(n: torch.fx.Node) -> dict | None:
+    """A 2-d ``aten.conv2d`` node's input and weight values and its stride, padding
+    and dilation as pairs, groups as an int; None for anything else (a string
+    padding, unknown shapes)."""
     if n.op != "call_function" or n.target != aten.conv2d.default or n.kwargs:
         return None
     args = list(n.args) + [None] * (7 - len(n.args))
     x, w, _, stride, padding, dilation, groups = args[:7]
     wv = w.meta.get("val") if isinstance(w, torch.fx.Node) else None
     xv = x.meta.get("val") if isinstance(x, torch.fx.Node) else None
-    if wv is None or xv is None or wv.dim() != 4 or xv.dim() != 4 or (groups or 1) != 1:
+    if wv is None or xv is None or wv.dim() != 4 or xv.dim() != 4 or isinstance(padding, str):
         return None
 
     def pair(v, default):
         v = list(v if v is not None else [default])
         return v * 2 if len(v) == 1 else v
-    stride, padding, dilation = pair(stride, 1), pair(padding, 0), pair(dilation, 1)
-    kh, kw = (int(d) for d in wv.shape[2:])
-    if dilation != [1, 1]:
+    return {"x": xv, "w": wv, "k": tuple(int(d) for d in wv.shape[2:]),
+            "stride": pair(stride, 1), "padding": pair(padding, 0),
+            "dilation": pair(dilation, 1), "groups": groups or 1}
+
+
+def _plan(n: torch.fx.Node) -> dict | None:
+    """How to emit a conv2d node as a matmul, or None to leave it as it is.
+
+    1x1 (unpadded, ungrouped): subsample + matmul. Any other kxk (ungrouped,
+    undilated): im2col by (strided) slices + matmul.
+    """
+    c = _conv(n)
+    if c is None or c["groups"] != 1 or c["dilation"] != [1, 1]:
         return None
-    if (kh, kw) == (1, 1) and padding == [0, 0]:
-        return {"k": (1, 1), "stride": stride, "padding": [0, 0]}
-    return {"k": (kh, kw), "stride": stride, "padding": padding}
+    if c["k"] == (1, 1) and c["padding"] == [0, 0]:
+        return {"k": (1, 1), "stride": c["stride"], "padding": [0, 0]}
+    return {"k": c["k"], "stride": c["stride"], "padding": c["padding"]}
 
 
 def as_matmul(n: torch.fx.Node) -> bool:
@@ -113,26 +121,16 @@ def _window(g, cur, val, offset, stride, size, keep):
 def _depthwise_plan(n: torch.fx.Node) -> dict | None:
     """How to emit a depthwise conv2d (one filter per channel, undilated, at most
     ``MAX_TAPS`` taps, ``MAX_TAPS_UNSTRIDED`` unstrided) as shifted multiply-adds, or None."""
-    if n.op != "call_function" or n.target != aten.conv2d.default or n.kwargs:
+    c = _conv(n)
+    if c is None or c["groups"] == 1 or c["dilation"] != [1, 1]:
         return None
-    args = list(n.args) + [None] * (7 - len(n.args))
-    x, w, _, stride, padding, dilation, groups = args[:7]
-    wv = w.meta.get("val") if isinstance(w, torch.fx.Node) else None
-    xv = x.meta.get("val") if isinstance(x, torch.fx.Node) else None
-    if wv is None or xv is None or wv.dim() != 4 or xv.dim() != 4 or not groups or groups == 1:
+    if int(c["x"].shape[1]) != c["groups"] or tuple(int(d) for d in c["w"].shape[:2]) \
+            != (c["groups"], 1):
         return None
-    if int(xv.shape[1]) != groups or int(wv.shape[0]) != groups or int(wv.shape[1]) != 1:
+    kh, kw = c["k"]
+    if kh * kw > (MAX_TAPS_UNSTRIDED if c["stride"] == [1, 1] else MAX_TAPS):
         return None
-
-    def pair(v, default):
-        v = list(v if v is not None else [default])
-        return v * 2 if len(v) == 1 else v
-    kh, kw = (int(d) for d in wv.shape[2:])
-    stride = pair(stride, 1)
-    limit = MAX_TAPS_UNSTRIDED if stride == [1, 1] else MAX_TAPS
-    if pair(dilation, 1) != [1, 1] or kh * kw > limit or isinstance(padding, str):
-        return None
-    return {"k": (kh, kw), "stride": stride, "padding": pair(padding, 0)}
+    return {"k": c["k"], "stride": c["stride"], "padding": c["padding"]}
 
 
 def depthwise_as_shifts(node: torch.fx.Node, g: torch.fx.Graph, env: dict
