@@ -26,6 +26,7 @@ from ..errors import AotError, CompileFailed, UnsupportedOp
 from ..importer.program import ImportedProgram
 from . import host_program
 from .bool_fills import bool_fills
+from .cost import MEASURED_FASTER
 from .iree_compile import compile_error, discard_dump, first_error, try_compile
 from .partition import PartitionedProgram, partition
 from .placement import KERNEL_CALL, Placement, PlacementPolicy, op_name
@@ -40,6 +41,8 @@ from .targets import Target
 __all__ = ["compile_program", "compile_model"]
 log = logging.getLogger(__name__)
 _MAX_RECOVERY_ROUNDS = 4
+# at most this many kernel calls chosen by per-op measurement: also try all compiled
+COVERAGE_MAX_CALLS = 8
 # IREE demotes f64 to f32 by default, which changes a function's ABI and eager's
 # precision; a program holding float64 keeps it (IREE's f64 code is exact where it
 # lowers; ops it does not lower in f64 become kernel calls by probing, as any op)
@@ -147,7 +150,7 @@ def _compile_split(imported: ImportedProgram, target: Target, policy: PlacementP
         vmfb, diag = try_compile(p.mlir, target)
         if vmfb is not None:
             art = _artifact(p, vmfb, time.perf_counter() - t0)
-            variants = _tiled_variant(imported, target, policy, demoted) \
+            variants = _coverage_variant(imported, target, policy, demoted, art) \
                 if example is not None else {}
             if example is not None and worth_measuring(imported, art, target, policy):
                 art = choose_region(art, imported, target, policy, example, variants)
@@ -172,23 +175,43 @@ def _compile_split(imported: ImportedProgram, target: Target, policy: PlacementP
                         note=f"(gave up after {_MAX_RECOVERY_ROUNDS} recovery rounds)\n")
 
 
-def _tiled_variant(imported: ImportedProgram, target: Target, policy: PlacementPolicy,
-                   demoted: dict) -> dict[str, CompiledArtifact]:
-    """``{"iree-tiled": artifact}`` where ``tiling`` says to try data tiling, else ``{}``."""
-    if not worth_tiling(imported, target, policy):
-        return {}
+def _coverage_variant(imported: ImportedProgram, target: Target, policy: PlacementPolicy,
+                      demoted: dict, per_op: CompiledArtifact) -> dict[str, CompiledArtifact]:
+    """The program partitioned as ``placement="coverage"`` (everything IREE covers
+    compiled), to measure against the per-op placement, or ``{}``:
+
+    - ``iree-tiled``: compiled with data tiling and microkernels, where ``tiling``
+      says matmuls carry the program (its tiled matmuls are what is worth measuring);
+    - ``iree-coverage``: compiled as the per-op artifact is, where the per-op placement
+      put between 1 and ``COVERAGE_MAX_CALLS`` ops in ATen because ATen measured faster
+      on each alone. A few kernel calls between compiled ops hand work from IREE's
+      worker threads to ATen's and back: MobileNetV3-Small's four (predicted to save
+      0.33 ms in all) measured 11.8 ms a call in the zoo bench against 5.8 ms for the
+      program all compiled. Programs with more such calls (ResNet50 51) gain little
+      from the variant and pay its compile (4-15 s).
+    """
+    tiled = worth_tiling(imported, target, policy)
+    if tiled:
+        name, vtarget = "iree-tiled", tiled_target(target)
+    else:
+        measured = [pl for pl in per_op.manifest["placements"] if pl["where"] != "compiled"]
+        if policy.placement != "auto" or not 0 < len(measured) <= COVERAGE_MAX_CALLS or any(
+                not pl["reason"].startswith(MEASURED_FASTER) for pl in measured) \
+                or not worth_measuring(imported, per_op, target, policy):
+            return {}
+        name, vtarget = "iree-coverage", target
     t0 = time.perf_counter()
-    try:  # everything IREE covers compiled: its tiled matmuls are what is worth measuring
-        p = partition(imported, tiled_target(target),
-                      dataclasses.replace(policy, placement="coverage"), demoted=demoted)
+    try:
+        p = partition(imported, vtarget, dataclasses.replace(policy, placement="coverage"),
+                      demoted=demoted)
         vmfb, diag = try_compile(p.mlir, p.target)
     except Exception as e:  # a variant that cannot be built is not a candidate
-        log.info("no data-tiled variant of %s: %s", imported.name, e)
+        log.info("no %s variant of %s: %s", name, imported.name, e)
         return {}
     if vmfb is None:
-        log.info("no data-tiled variant of %s: %s", imported.name, first_error(diag))
+        log.info("no %s variant of %s: %s", name, imported.name, first_error(diag))
         return {}
-    return {"iree-tiled": _artifact(p, vmfb, time.perf_counter() - t0)}
+    return {name: _artifact(p, vmfb, time.perf_counter() - t0)}
 
 
 def _host_artifact(imported: ImportedProgram, target: Target, policy: PlacementPolicy,

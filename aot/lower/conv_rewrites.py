@@ -26,8 +26,8 @@ elementwise work IREE fuses into one loop; its convolution form ran 2-11x slower
 7.5 -> 6.0 (7.7), EfficientNet-B0 51.8 -> 33 (22-25).
 
 The partitioner emits these forms only for the convolutions it compiles
-(``conv_as_matmul``, ``depthwise_as_shifts``); under ``fallback="all"`` nothing is
-compiled.
+(``conv_as_matmul``, ``depthwise_as_shifts``, through ``compiled_forms``); under
+``fallback="all"`` nothing is compiled.
 """
 
 from __future__ import annotations
@@ -36,11 +36,8 @@ import logging
 
 import torch
 
-__all__ = ["conv_as_matmul", "depthwise_as_shifts", "as_matmul", "FORMS"]
+__all__ = ["conv_as_matmul", "depthwise_as_shifts", "as_matmul"]
 
-# names the compiled forms emitted here and in ``attention_rewrites``; part of the cost
-# cache's key (``cost``)
-FORMS = "conv-as-matmul-2+depthwise-as-shifts-1+attention-as-matmuls-1"
 # depthwise kernels shifted: up to 3x3 at any stride, up to 5x5 unstrided (a strided
 # 5x5 measured slower shifted: 144 ch at 56x56, stride 2, 1.23 -> 2.52 ms)
 MAX_TAPS, MAX_TAPS_UNSTRIDED = 9, 25

@@ -46,8 +46,12 @@ class Cost:
                 and self.aten_ms + CROSSING_MS < self.iree_ms)
 
     def reason(self) -> str:
-        return (f"ATen is faster here: {self.aten_ms:.3f} ms vs IREE {self.iree_ms:.3f} ms "
+        return (f"{MEASURED_FASTER}: {self.aten_ms:.3f} ms vs IREE {self.iree_ms:.3f} ms "
                 "(measured on this machine)")
+
+
+# how the reason of a placement decided by measurement begins
+MEASURED_FASTER = "ATen is faster here"
 
 
 def machine_key() -> str:
@@ -67,7 +71,7 @@ class CostCache(JsonCache):
     def __init__(self, target: Target, directory: str | None = None):
         # the compiled forms are part of the key: a measurement of an op's older
         # compiled form (a convolution before ``conv_rewrites``) is not reused
-        from .conv_rewrites import FORMS
+        from .compiled_forms import FORMS
         super().__init__("cost", target, key=machine_key() + "|" + FORMS, directory=directory)
 
     def get(self, sig: str) -> Cost | None:
@@ -196,15 +200,13 @@ def _aten_ms(node: torch.fx.Node, device: str) -> float:
 
 
 def _compiled_form(graph: torch.fx.Graph) -> torch.fx.Graph:
-    """The one-op graph as the partitioner compiles it (a convolution IREE runs badly
-    becomes a matmul or shifted multiply-adds, ``conv_rewrites``; attention two matmuls, ``attention_rewrites``):
-    what IREE's side of the comparison runs."""
-    from .attention_rewrites import attention_as_matmuls
-    from .conv_rewrites import conv_as_matmul, depthwise_as_shifts
+    """The one-op graph as the partitioner compiles it (``compiled_forms``: a
+    convolution IREE runs badly becomes a matmul or shifted multiply-adds, attention
+    two matmuls, a global pool a mean): what IREE's side of the comparison runs."""
+    from .compiled_forms import emit
     g, env = torch.fx.Graph(), {}
     for n in graph.nodes:
-        new = (conv_as_matmul(n, g, env) or depthwise_as_shifts(n, g, env)
-               or attention_as_matmuls(n, g, env)) if n.op == "call_function" else None
+        new = emit(n, g, env)
         env[n] = new if new is not None else g.node_copy(n, lambda a: env[a])
     return g
 

@@ -26,10 +26,9 @@ from ..importer.fx_import import DROP, import_graph, stateless_graph
 from ..importer.locations import node_location
 from ..importer.program import ImportedProgram
 from ..torch_tensor import QuantParams, TorchTensor
+from . import compiled_forms
 from .cost import MIN_FLOPS
 from .coverage import CoverageCache, Verdict, op_signature, probe_nodes
-from .attention_rewrites import attention_as_matmuls
-from .conv_rewrites import conv_as_matmul, depthwise_as_shifts
 from .flops import node_flops
 from .iree_faults import iree_fault
 from .kernel_call_op import kernel_call_op
@@ -361,8 +360,7 @@ def _rewrite(node, g: torch.fx.Graph, env: dict, decided: dict, specs: list,
     where, reason = decided.get(node, (COMPILED, ""))
     if where != KERNEL_CALL:
         # None: copied as it is
-        return (conv_as_matmul(node, g, env) or depthwise_as_shifts(node, g, env)
-                or attention_as_matmuls(node, g, env))
+        return compiled_forms.emit(node, g, env)
     spec, operands, scalars, _ = _kernel_call_spec(node, env, f"call_{len(specs)}", reason, consts)
     ins = "t" * len(spec.crossing) + "".join(spec.scalar_inputs)
     new = g.call_function(kernel_call_op(ins, spec.out_kinds),

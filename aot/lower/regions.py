@@ -20,6 +20,10 @@ per invocation and per crossing can exceed what its code saves.
 - ``iree-tiled`` (CPU, programs whose heavy FLOPs are mostly matmuls): the program
   partitioned as ``placement="coverage"`` and compiled with data tiling and
   microkernels (``aot.lower.tiling``); its own placements go into the manifest;
+- ``iree-coverage`` (programs whose per-op placement put a few ops in ATen only
+  because each measured faster there, ``compile.COVERAGE_MAX_CALLS``): the program
+  partitioned as ``placement="coverage"``, compiled as the per-op one is; its own
+  placements go into the manifest;
 - ``aten``: every op a kernel call, neighbours grouped into as few crossings as
   the boundary allows (batch norm is already folded into the convolutions);
 - ``aten-prepacked`` (CPU, where torch has oneDNN): the same with convolutions
@@ -145,7 +149,7 @@ def choose_region(per_op: CompiledArtifact, imported: ImportedProgram, target: T
     Args:
         per_op: the artifact of the per-op placement.
         variants: more per-op artifacts to measure (``iree-tiled``: compiled with
-            data tiling and microkernels, ``aot.lower.tiling``).
+            data tiling and microkernels, ``aot.lower.tiling``; ``iree-coverage``).
         imported: the program it was compiled from (batch norm folded).
         policy: its ``plan`` (``CompiledModule.plan()``), when given, pins the choice.
         example: ``(args, kwargs)``, the example inputs to time the candidates on.
@@ -176,7 +180,7 @@ def choose_region(per_op: CompiledArtifact, imported: ImportedProgram, target: T
     log.info("region placement: %s", region)
     best = region["chosen"]
     if best in ("iree", "iree-sync") or best in (variants or {}):
-        # a variant was partitioned on its own (``iree-tiled``: as placement="coverage"):
+        # a variant was partitioned on its own (as placement="coverage"):
         # its placements, not the per-op ones, say where its ops run
         return _with_region(cands[best], region, cands[best].manifest["placements"], policy)
     times = region.get("candidates_ms") or {}
@@ -193,7 +197,7 @@ def choose_region(per_op: CompiledArtifact, imported: ImportedProgram, target: T
 
 
 # the fixed order near-ties are settled in: the per-op placement first, then the simpler regions
-_ORDER = ["iree", "iree-sync", "iree-tiled", "aten", "aten-prepacked", "aten-channels-last", "aten-int8-onednn"]
+_ORDER = ["iree", "iree-sync", "iree-tiled", "iree-coverage", "aten", "aten-prepacked", "aten-channels-last", "aten-int8-onednn"]
 _RULE = 4  # the decision rule's version, part of the cache key
 _CONFIDENCE = 2.0  # a lead counts when it exceeds this many standard errors of the difference
 

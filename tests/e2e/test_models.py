@@ -45,7 +45,7 @@ def _check_region_or_per_op(cm, per_op_kernel_call):
     if region["chosen"] in ("iree", "iree-sync"):
         for p in _kernel_calls(cm):
             assert per_op_kernel_call(p), p
-    elif region["chosen"] == "iree-tiled":
+    elif region["chosen"] in ("iree-tiled", "iree-coverage"):
         # partitioned as placement="coverage": kernel calls only for ops IREE does not
         # cover, and the placements describe the artifact that runs
         assert not any(p["reason"].startswith("ATen is faster here") for p in _kernel_calls(cm))

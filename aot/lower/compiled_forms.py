@@ -1,0 +1,38 @@
+"""The forms the partitioner emits for compiled ops that IREE runs badly as written.
+
+Each rewrite computes the op's own arithmetic in ops IREE 3.13 compiles well
+(measured per op; the numbers are in each module): convolutions as matmuls or
+shifted multiply-adds (``conv_rewrites``), attention as two matmuls around a
+softmax (``attention_rewrites``), global average pooling as a mean
+(``pool_rewrites``). ``emit`` is the one entry point: the partitioner calls it for
+every compiled op, the cost probe for the one-op graphs it times, so both measure
+and build the same form.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .attention_rewrites import attention_as_matmuls
+from .conv_rewrites import conv_as_matmul, depthwise_as_shifts
+from .pool_rewrites import global_pool_as_mean
+
+__all__ = ["FORMS", "emit"]
+
+# names the compiled forms; part of the cost cache's key (``cost``), so a measurement
+# of an op's older form is not reused
+FORMS = ("conv-as-matmul-2+depthwise-as-shifts-1+attention-as-matmuls-1"
+         "+global-pool-as-mean-1")
+_REWRITES = (conv_as_matmul, depthwise_as_shifts, attention_as_matmuls, global_pool_as_mean)
+
+
+def emit(node: torch.fx.Node, g: torch.fx.Graph, env: dict) -> torch.fx.Node | None:
+    """Emit ``node``'s compiled form into ``g`` (operands through ``env``) and return
+    its result node; None when ``node`` compiles as it is (the caller copies it)."""
+    if node.op != "call_function":
+        return None
+    for rewrite in _REWRITES:
+        new = rewrite(node, g, env)
+        if new is not None:
+            return new
+    return None
