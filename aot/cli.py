@@ -75,7 +75,7 @@ def _step(msg: str):
 
 def cmd_compile(args) -> int:
     from .importer import ImportOptions, import_model
-    from .lower.compile import compile_model
+    from .lower.compile import compile_model, prepare
     from .lower.partition import partition, torch_mlir
     from .lower.placement import PlacementPolicy
     from .lower.targets import get_target
@@ -93,8 +93,8 @@ def cmd_compile(args) -> int:
     if args.emit == "torch":
         print(torch_mlir(imported))
         return 0
-    if args.emit == "partitioned":
-        print(partition(imported, target, policy).mlir)
+    if args.emit == "partitioned":  # what compile_model hands IREE (per-op placement)
+        print(partition(prepare(imported, policy)[0], target, policy).mlir)
         return 0
     _step(f"partitioning for {target.name} (fallback={policy.fallback!r}) and compiling "
           f"with IREE ({target.backend}) ...")

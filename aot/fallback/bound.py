@@ -41,6 +41,16 @@ class BoundCall:
             else:
                 self.args.append(value)
 
+    def slots(self) -> tuple[int, ...]:
+        """The tensor slots ``bind`` reads."""
+        out: list[int] = []
+        for _, kind, p in self.fills:
+            if kind == _TENSOR:
+                out.append(p)
+            elif kind == _LIST:
+                out.extend(i for i in p if i is not None)
+        return tuple(out)
+
     def bind(self, tensors, scalars=()) -> tuple[list, dict]:
         """``(args, kwargs)`` with ``tensors[i]`` / ``scalars[i]`` in their places."""
         args = self.args.copy()

@@ -327,7 +327,8 @@ class _KernelCall:
                                else Member(bound, step=f))
             elif is_conv and self.nhwc is not None:
                 members.append(Member(bound, step=self._nhwc_conv(bound, weight_constant,
-                                                                  slot_specs)))
+                                                                  slot_specs),
+                                      reads=bound.slots()))
             else:  # an OpOverload through its cheapest entry point (no Python frame per op)
                 members.append(Member(bound, call=entry_point(bound.op),
                                       adapt=_adapt if self.adapt else None,

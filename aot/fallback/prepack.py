@@ -86,6 +86,8 @@ class PackedConv:
         self.groups, self.input_shape = int(a[g]), list(input_shape)
         self.packed = None
         self.spec = conv.spec  # named in a KernelCallFailed
+        # the env slots a call reads (the group's code drops a slot after its last reader)
+        self.reads = conv.slots() + (() if other_slot is None else (other_slot,))
 
     def __call__(self, env: list) -> torch.Tensor:
         args, _ = self.conv.bind(env)
@@ -109,6 +111,7 @@ class PackedLinear:
     def __init__(self, linear, batch: int):
         self.linear, self.batch, self.packed = linear, batch, None
         self.spec = linear.spec
+        self.reads = linear.slots()
 
     def __call__(self, env: list) -> torch.Tensor:
         args, _ = self.linear.bind(env)
@@ -124,6 +127,7 @@ class FusedAttention:
 
     def __init__(self, spec: KernelCallSpec, q: int, k: int, v: int, scale: float):
         self.spec, self.q, self.k, self.v, self.scale = spec, q, k, v, scale
+        self.reads = (q, k, v)
 
     def __call__(self, env: list) -> torch.Tensor:
         out = torch.ops.aten.scaled_dot_product_attention.default(

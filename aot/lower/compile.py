@@ -38,7 +38,7 @@ from .regions import choose_region, pick_variant, worth_measuring
 from .tiling import tiled_target, worth_tiling
 from .targets import Target
 
-__all__ = ["compile_program", "compile_model"]
+__all__ = ["compile_program", "compile_model", "prepare"]
 log = logging.getLogger(__name__)
 _MAX_RECOVERY_ROUNDS = 4
 # at most this many kernel calls chosen by per-op measurement: also try all compiled
@@ -137,13 +137,20 @@ def compile_model(imported: ImportedProgram, target: Target,
         return _host_artifact(imported, target, policy, why[:400], t0)
 
 
+def prepare(imported: ImportedProgram, policy: PlacementPolicy) -> tuple[ImportedProgram, int]:
+    """The program as it is partitioned: batch norm folded into convolutions, constant
+    subgraphs folded, bool fills made explicit (not under ``fallback="all"``, which
+    stays bit-exact); and how many ops were folded."""
+    if policy.fallback == "all":
+        return imported, 0
+    ep, folded = fold_constants(fold_batch_norm(imported.exported))
+    bool_fills(ep)  # IREE truncates a bool fill value; ATen casts it
+    return dataclasses.replace(imported, exported=ep), folded
+
+
 def _compile_split(imported: ImportedProgram, target: Target, policy: PlacementPolicy,
                    example, t0: float) -> CompiledArtifact:
-    folded = 0
-    if policy.fallback != "all":  # the round-trip mode stays bit-exact: no rewrites
-        ep, folded = fold_constants(fold_batch_norm(imported.exported))
-        bool_fills(ep)  # IREE truncates a bool fill value; ATen casts it
-        imported = dataclasses.replace(imported, exported=ep)
+    imported, folded = prepare(imported, policy)
     demoted: dict[str, str] = {}
     for _ in range(_MAX_RECOVERY_ROUNDS + 1):
         p = partition(imported, target, policy, demoted=demoted)
