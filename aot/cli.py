@@ -206,12 +206,19 @@ def cmd_bench(args) -> int:
         list(suite.QUICK_SYSTEMS if args.quick else suite.DEFAULT_SYSTEMS)
     runs = args.runs or (5 if args.quick else 30)
     min_s = args.min_seconds if args.min_seconds is not None else (0.0 if args.quick else 3.0)
+    info = suite.machine_info(args.target)
+
+    def partial(rows):  # an interrupted run keeps the models it finished
+        suite.write_outputs(rows, info, runs, args.out)
+        _step(f"{len({r.model for r in rows})} of {len(models)} model(s) done; "
+              f"outputs so far in {args.out}")
+
     try:
         rows = suite.run_suite(models, systems, runs, warmup=2 if args.quick else 5,
-                               target=args.target, log=_step, min_seconds=min_s)
+                               target=args.target, log=_step, min_seconds=min_s,
+                               on_model=partial)
     except ValueError as e:
         raise SystemExit(f"aot: {e}")
-    info = suite.machine_info(args.target)
     paths = suite.write_outputs(rows, info, runs, args.out)
     print(suite.markdown(rows, info, runs))
     for kind, path in paths.items():

@@ -333,7 +333,10 @@ def _warm(fn, example, sync) -> None:
 
 
 def run_suite(models, systems, runs: int, warmup: int, target: str,
-              log: Callable[[str], None] = print, min_seconds: float = 0.0) -> list[Row]:
+              log: Callable[[str], None] = print, min_seconds: float = 0.0,
+              on_model: Callable[[list[Row]], None] | None = None) -> list[Row]:
+    """Time ``systems`` on ``models``; ``on_model(rows so far)`` runs after each model
+    (``aot bench`` writes its outputs there, so an interrupted run keeps what it measured)."""
     unknown = [m for m in models if m not in BENCH_MODELS]
     if unknown:
         raise ValueError(f"unknown benchmark model(s) {unknown}; choose from {sorted(BENCH_MODELS)}")
@@ -347,6 +350,8 @@ def run_suite(models, systems, runs: int, warmup: int, target: str,
         except Exception as e:  # e.g. torchvision missing for the int8 model
             rows += [Row(m, s, target, 0, skipped=_first_line(e)) for s in systems]
             log(f"{m}: skipped ({_first_line(e)})")
+        if on_model is not None:
+            on_model(rows)
     return rows
 
 

@@ -9,9 +9,12 @@ on the CPU (``ExecOptions(prepack=True)``) it can do what eager cannot:
   ``mkldnn._convolution_pointwise`` on a weight reordered once, at its first
   call, into oneDNN's blocked layout (input and output NHWC, so only in
   channels-last groups);
-- a ``relu`` reading only such a convolution's result is fused into it
-  (oneDNN post-op), and so is an ``add`` of another tensor (``alpha=1``) with an
-  optional ``relu`` after it (``_convolution_pointwise.binary``): the chain runs
+- an activation reading only such a convolution's result is fused into it as a
+  oneDNN post-op (``relu``, ``hardtanh`` (ReLU6), ``hardswish``, ``hardsigmoid``,
+  ``silu``, ``sigmoid``, ``tanh``, ``gelu``, ``leaky_relu``: ``_UNARY_POST_OPS``),
+  and so is an ``add`` of another tensor (``alpha=1``) with an optional ``relu``
+  after it (``_convolution_pointwise.binary``; oneDNN fuses no other activation
+  after the add): the chain runs
   as one kernel at the position of its last op, the skipped slots stay empty
   (nothing else reads them);
 - a ``linear`` with a constant 2-D weight runs as ``mkl._mkl_linear`` on a
@@ -35,7 +38,11 @@ import torch
 
 from .spec import KernelCallSpec, StaticArg, TensorArg, TensorListArg
 
-__all__ = ["available", "plan_fusions", "DEFERRED"]
+__all__ = ["available", "plan_fusions", "DEFERRED", "VERSION"]
+
+# what the prepacked executor fuses; part of the region decisions' cache key, so a
+# decision measured on an older executor is measured again (2: activation post-ops)
+VERSION = 2
 
 DEFERRED = object()  # a member whose result is computed later, by its chain's last op
 _CONV_ARGS = {  # op -> positions of (stride, padding, dilation, groups), None if not packable
@@ -76,10 +83,14 @@ def _reads(spec: KernelCallSpec) -> list[int]:
 
 
 class PackedConv:
-    """conv [+ add] [+ relu] as one oneDNN kernel on a weight packed at the first call."""
+    """conv [+ add] [+ activation] as one oneDNN kernel on a weight packed at the first call.
 
-    def __init__(self, conv, unary: str, other_slot: int | None, input_shape):
-        self.conv, self.unary, self.other_slot = conv, unary, other_slot
+    ``unary`` is a ``_unary_post_op`` triple (attribute, scalars, algorithm) or None.
+    """
+
+    def __init__(self, conv, unary: tuple | None, other_slot: int | None, input_shape):
+        self.conv, self.other_slot = conv, other_slot
+        self.unary, self.scalars, self.algorithm = unary or ("none", [], "")
         s, p, d, g = _CONV_ARGS[conv.spec.op]
         a = conv.args
         self.stride, self.padding, self.dilation = list(a[s]), list(a[p]), list(a[d])
@@ -98,7 +109,7 @@ class PackedConv:
         if self.other_slot is None:
             return torch.ops.mkldnn._convolution_pointwise(
                 x, self.packed, b, self.padding, self.stride, self.dilation, self.groups,
-                self.unary, [], "")
+                self.unary, self.scalars, self.algorithm)
         other = env[self.other_slot].contiguous(memory_format=torch.channels_last)
         return torch.ops.mkldnn._convolution_pointwise.binary(
             x, other, self.packed, b, self.padding, self.stride, self.dilation, self.groups,
@@ -161,8 +172,35 @@ def _packable_linear(spec: KernelCallSpec) -> bool:
             and (b is None or b.constant))
 
 
-def _is_relu(spec: KernelCallSpec) -> bool:
-    return spec.op in ("aten::relu", "aten::relu_")
+# op -> oneDNN post-op attribute, and the statics that become its scalars (defaults)
+_UNARY_POST_OPS = {
+    "aten::relu": ("relu", ()), "aten::relu_": ("relu", ()),
+    "aten::hardtanh": ("hardtanh", (("min_val", -1.0), ("max_val", 1.0))),
+    "aten::hardswish": ("hardswish", ()), "aten::hardsigmoid": ("hardsigmoid", ()),
+    "aten::silu": ("swish", ()), "aten::sigmoid": ("sigmoid", ()), "aten::tanh": ("tanh", ()),
+    "aten::leaky_relu": ("leaky_relu", (("negative_slope", 0.01),)),
+    "aten::gelu": ("gelu", ()),
+}
+
+
+def _unary_post_op(spec: KernelCallSpec) -> tuple | None:
+    """(attribute, scalars, algorithm) fusing ``spec`` after a convolution, or None."""
+    entry = _UNARY_POST_OPS.get(spec.op)
+    if entry is None or spec.overload not in ("default", ""):
+        return None
+    x = _tensor_operand(spec, "self")
+    if x is None or x.spec.dtype != "float32":
+        return None
+    attr, statics = entry
+    scalars = [_static(spec, name, default) for name, default in statics]
+    if not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in scalars):
+        return None
+    algorithm = ""
+    if attr == "gelu":
+        algorithm = _static(spec, "approximate", "none")
+        if algorithm not in ("none", "tanh"):
+            return None
+    return attr, [float(v) for v in scalars], algorithm
 
 
 def _is_plain_add(spec: KernelCallSpec) -> bool:
@@ -212,7 +250,7 @@ def plan_fusions(members: list, n_inputs: int, output_slots, convs: bool) -> dic
             plan[last] = fused
             continue
         if convs and _packable_conv(s):
-            chain, unary, other = [i], "none", None
+            chain, unary, other = [i], None, None
             j = only_reader(slot_of[i])
             if j is not None and _is_plain_add(specs[j]) and j not in plan:
                 a, b = _tensor_operand(specs[j], "self"), _tensor_operand(specs[j], "other")
@@ -222,9 +260,12 @@ def plan_fusions(members: list, n_inputs: int, output_slots, convs: bool) -> dic
                     j = only_reader(slot_of[j])
                 else:
                     other = None
-            if j is not None and _is_relu(specs[j]) and j not in plan:
-                chain.append(j)
-                unary = "relu"
+            if j is not None and j not in plan:
+                unary = _unary_post_op(specs[j])
+                if other is not None and unary is not None and unary[0] != "relu":
+                    unary = None  # oneDNN fuses only a relu after the add
+                if unary is not None:
+                    chain.append(j)
             x = _tensor_operand(s, "input")
             for k in chain[:-1]:
                 plan[k] = DEFERRED

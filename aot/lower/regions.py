@@ -68,8 +68,9 @@ measurement of the per-op placement then kept it against a region 1.5x faster.)
 
 **Reproducing.** A decision is cached on disk (``$AOT_CACHE_DIR``, like the
 coverage verdicts) under a key of the program, its example input specs, the
-candidates, the target's flags, torch's version, this CPU and torch's thread
-count: a second compile of the same model on the same machine reuses it without
+candidates, the target's flags, torch's version, this CPU, torch's thread
+count, the prepacked executor's version (``prepack.VERSION``) and the compiled
+forms' (``compiled_forms.FORMS``): a second compile of the same model on the same machine reuses it without
 measuring (the report says so), so it gives the same artifact.
 ``CompiledModule.plan()`` returns the decisions of a compile;
 ``aot.compile(..., plan=...)`` (CLI ``--plan plan.json``) pins them in another,
@@ -91,6 +92,7 @@ import torch.utils._pytree as pytree
 
 from ..artifact import CompiledArtifact
 from ..fallback import prepack
+from .compiled_forms import FORMS
 from ..fallback.quantized_ops import NAMESPACE as QUANTIZED_NAMESPACE
 from ..fallback.quantized_ops import packing_engine_available
 from ..fallback.executor import ExecOptions
@@ -271,12 +273,14 @@ def choice(region: dict) -> str:
 
 def program_key(imported: ImportedProgram, target: Target, cands: dict) -> str:
     """What a region decision depends on: the program, its inputs, the candidates,
-    the target's flags, torch, this CPU and torch's thread count."""
+    the target's flags, torch, this CPU, torch's thread count and what the prepacked
+    executor fuses and the compiled forms (a decision between older candidates is
+    measured again)."""
     parts = [imported.exported.graph_module.code,
              json.dumps([i.to_json() if hasattr(i, "to_json") else list(i)
                          for i in imported.flat_inputs], sort_keys=True, default=str),
              json.dumps(sorted(cands)), " ".join(target.flags), target.driver,
-             machine_key(), f"rule {_RULE}"]
+             machine_key(), f"rule {_RULE}", f"prepack {prepack.VERSION}", FORMS]
     return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:20]
 
 

@@ -1,4 +1,4 @@
-"""Prepacked CPU kernels in ATen regions: packed weights, fused ReLU / residual add."""
+"""Prepacked CPU kernels in ATen regions: packed weights, fused activations / residual add."""
 
 import pytest
 import torch
@@ -61,6 +61,57 @@ def test_prepacked_region_matches_eager_and_fuses():
         ("none", False), ("none", False), ("relu", False), ("relu", True)]
     if prepack._mkl_linear_available():
         assert kinds.count("PackedLinear") == 1
+
+
+ACTIVATIONS = {  # module -> the oneDNN post-op it becomes
+    "relu6": (torch.nn.ReLU6(), "hardtanh"),
+    "hardtanh": (torch.nn.Hardtanh(-0.5, 2.0), "hardtanh"),
+    "hardswish": (torch.nn.Hardswish(), "hardswish"),
+    "hardsigmoid": (torch.nn.Hardsigmoid(), "hardsigmoid"),
+    "silu": (torch.nn.SiLU(), "swish"),
+    "sigmoid": (torch.nn.Sigmoid(), "sigmoid"),
+    "tanh": (torch.nn.Tanh(), "tanh"),
+    "gelu": (torch.nn.GELU(), "gelu"),
+    "gelu_tanh": (torch.nn.GELU(approximate="tanh"), "gelu"),
+    "leaky_relu": (torch.nn.LeakyReLU(0.2), "leaky_relu"),
+}
+
+
+class ConvAct(torch.nn.Module):
+    """A depthwise conv + activation, a pointwise conv + activation, then a residual
+    add followed by the activation (oneDNN fuses only relu after an add)."""
+
+    def __init__(self, act):
+        super().__init__()
+        self.dw = torch.nn.Conv2d(8, 8, 3, padding=1, groups=8)
+        self.pw = torch.nn.Conv2d(8, 8, 1)
+        self.c = torch.nn.Conv2d(8, 8, 3, padding=1)
+        self.act = act
+
+    def forward(self, x):
+        y = self.act(self.pw(self.act(self.dw(x))))
+        return self.act(self.c(y) + x)
+
+
+@pytest.mark.parametrize("name", sorted(ACTIVATIONS))
+def test_activations_fuse_into_packed_convolutions(name):
+    act, attr = ACTIVATIONS[name]
+    torch.manual_seed(0)
+    m = ConvAct(act).eval()
+    x = torch.randn(2, 8, 12, 12) * 3  # reaches both sides of the clamping activations
+    allm = aot.compile(m, (x,), fallback="all")
+    packed = CompiledModule(_with_executor(allm.artifact,
+                                           ExecOptions("channels_last", prepack=True)))
+    with torch.no_grad():
+        ref = m(x)
+        for _ in range(2):
+            # oneDNN's post-ops compute the activation on the accumulator: rounding only
+            torch.testing.assert_close(packed(x), ref, rtol=1e-4, atol=1e-4)
+    fused = sorted((f.unary, f.other_slot is not None)
+                   for f in _fusions(packed).values() if isinstance(f, prepack.PackedConv))
+    # dw + act and pw + act fuse; c + add fuses, and the activation after the add only
+    # where it is a relu (never here: none of these is aten::relu)
+    assert fused == sorted([(attr, False), (attr, False), ("none", True)])
 
 
 def test_contiguous_groups_pack_only_linears():
