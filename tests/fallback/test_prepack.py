@@ -170,3 +170,45 @@ def test_attention_whose_scores_are_also_returned_is_not_fused():
         for g, r in zip(packed(x), m(x)):
             torch.testing.assert_close(g, r, rtol=1e-5, atol=1e-5)
     assert not any(isinstance(f, prepack.FusedAttention) for f in _fusions(packed).values())
+
+
+class SqueezeExcite(torch.nn.Module):
+    """torchvision's squeeze-excitation: pool, 1x1 conv + act, 1x1 conv + gate, scale."""
+
+    def __init__(self, act, gate, bias=True):
+        super().__init__()
+        self.c = torch.nn.Conv2d(8, 8, 3, padding=1)
+        self.fc1 = torch.nn.Conv2d(8, 4, 1, bias=bias)
+        self.fc2 = torch.nn.Conv2d(4, 8, 1)
+        self.act, self.gate = act, gate
+
+    def forward(self, x):
+        y = self.c(x)
+        s = self.gate(self.fc2(self.act(self.fc1(torch.nn.functional.adaptive_avg_pool2d(y, 1)))))
+        return y * s
+
+
+@pytest.mark.parametrize("act,gate,bias", [
+    (torch.nn.SiLU(), torch.nn.Sigmoid(), True),          # EfficientNet
+    (torch.nn.ReLU(), torch.nn.Hardsigmoid(), False),     # MobileNetV3 (bias-free here)
+    (torch.nn.Identity(), torch.nn.Identity(), True),     # no activation to fuse
+])
+def test_squeeze_excitation_convolutions_run_as_matrix_vector_products(act, gate, bias):
+    torch.manual_seed(0)
+    m = SqueezeExcite(act, gate, bias).eval()
+    x = torch.randn(3, 8, 10, 10)
+    allm = aot.compile(m, (x,), fallback="all")
+    packed = CompiledModule(_with_executor(allm.artifact,
+                                           ExecOptions("channels_last", prepack=True)))
+    with torch.no_grad():
+        ref = m(x)
+        for _ in range(2):  # the first call transposes the weights, later calls reuse them
+            torch.testing.assert_close(packed(x), ref, rtol=1e-5, atol=1e-5)
+    plan = _fusions(packed)
+    mv = [f for f in plan.values() if isinstance(f, prepack.MatvecConv)]
+    assert len(mv) == 2  # fc1 and fc2; the 3x3 conv on the 10x10 input stays oneDNN's
+    assert sum(isinstance(f, prepack.PackedConv) for f in plan.values()) == 1
+    fused = sorted(f.unary for f in mv)
+    names = {torch.nn.SiLU: "swish", torch.nn.Sigmoid: "sigmoid", torch.nn.ReLU: "relu",
+             torch.nn.Hardsigmoid: "hardsigmoid", torch.nn.Identity: "none"}
+    assert fused == sorted([names[type(act)], names[type(gate)]])
