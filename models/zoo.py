@@ -5,6 +5,10 @@ with torchvision's own initialisation; batch-norm statistics get plausible value
 (mean in [-0.1, 0.1], variance in [0.5, 1.5]) so activations neither vanish nor
 blow up. Needs torchvision (the ``test`` and ``bench`` extras).
 
+torchvision's ViT zero-initialises its classification head (its output would be
+all zeros, and a correctness check against eager would compare zeros): a linear
+layer left all zero gets normal weights (std 0.02) instead.
+
 Denormals: with these weights and a standard-normal input none of the models
 produces denormal floats in eager; ``python benchmarks/denormals.py`` checks it.
 """
@@ -34,6 +38,8 @@ def vision_model(name: str, batch: int = 1, seed: int = 0):
             if isinstance(mod, nn.BatchNorm2d):
                 mod.running_mean.uniform_(-0.1, 0.1, generator=g)
                 mod.running_var.uniform_(0.5, 1.5, generator=g)
+            elif isinstance(mod, nn.Linear) and not mod.weight.any():
+                mod.weight.normal_(0.0, 0.02, generator=g)
     return m, (torch.randn(batch, 3, 224, 224, generator=g),)
 
 

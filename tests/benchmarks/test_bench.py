@@ -3,6 +3,7 @@
 import json
 
 import pytest
+import torch
 
 from aot import cli
 
@@ -76,3 +77,28 @@ def test_rel_err_of_mismatched_outputs_is_infinite():
     assert suite._rel_err(torch.ones(3), torch.ones(4)) == float("inf")
     assert suite._rel_err((torch.ones(3),), (torch.ones(3), torch.ones(3))) == float("inf")
     assert suite._rel_err(torch.tensor([1.0, 2.0]), torch.tensor([1.0, 4.0])) == 0.5
+
+
+def test_zoo_models_give_nonzero_outputs():
+    """A model whose output is all zeros (torchvision's ViT head is zero-initialised)
+    would make the bench's correctness check against eager compare zeros."""
+    pytest.importorskip("torchvision")
+    from models.zoo import vision_model
+
+    for name in ("vit_b_16", "mobilenet_v3_small"):
+        m, (x,) = vision_model(name)
+        with torch.no_grad():
+            y = m(x)
+        assert y.abs().max() > 1e-4 and y.std() > 0, name  # MobileNetV3: ~7e-3
+
+
+def test_outputs_are_written_after_each_model(tmp_path):
+    """An interrupted long run keeps the models it finished."""
+    from benchmarks import suite
+
+    seen = []
+    rows = suite.run_suite(["custom_op", "bert"], ["eager"], runs=2, warmup=1, target="cpu",
+                           log=lambda msg: None, on_model=lambda rs: seen.append(
+                               [r.model for r in rs]))
+    assert seen == [["custom_op"], ["custom_op", "bert"]]
+    assert all(r.median_ms > 0 for r in rows)
