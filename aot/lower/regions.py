@@ -52,7 +52,11 @@ calls of a fast program ran up to 1.7x slower than its steady state, decaying
 over several calls (custom_op's ``aten``: 0.131, 0.110, 0.100 ... ms against 0.075
 run alone), so fast programs measured 20-40% slow. Warm-up by time, without a
 sleep, puts every timed call at steady state: per block position the same within
-2%, and within a few percent of the candidate run alone.
+2%, and within a few percent of the candidate run alone. A candidate whose call takes
+``_SLOW_S`` or more (ViT-B/16 at batch 8: 1.7 s) has no untimed call before its blocks,
+and the last of its warm-up calls sizes the rounds instead of one more probe call: a
+thread settling for a millisecond is lost in such a call, and the untimed calls were a
+third of the candidates' calls (ViT-B/16 batch 8 compiled in 210 s cold).
 
 **Deciding.** Each candidate's median and spread (half its interquartile range)
 are recorded. The fastest median wins, except that a candidate earlier in a fixed
@@ -113,7 +117,10 @@ BUDGET_S = 6.0    # time for the timed calls of all candidates together
 _MAX_RUNS = 301     # timed calls per candidate for fast programs...
 _FAST_BUDGET_S = 0.5  # ...as many as fit in this, all candidates together
 _WARMUP = 3       # the second call of a CUDA region captures its graph
-_BLOCK = 3        # timed calls per candidate per round, after one untimed call
+_WARMUP_CPU = 2   # the first call packs weights; the second runs as every later one
+_SLOW_S = 0.1     # a candidate whose call takes this long times its blocks without an
+                  # untimed call first
+_BLOCK = 3        # timed calls per candidate per round, after untimed ones (``_WARM_S``)
 _WARM_S = 0.005   # untimed calls per block, at least this long: steady state again
 EXTRA_S = 2.0     # at most this much more for two contenders whose order is not yet clear
 MARGIN = 0.03     # leads within this fraction are near-ties, settled by ``_ORDER``
@@ -371,33 +378,36 @@ def _time_candidates(cands: dict[str, CompiledArtifact], example, target: Target
     from ..runtime.module import CompiledModule
 
     args, kwargs = _on_device(example, target)
-    sync = torch.cuda.synchronize if not target.driver.startswith("local") else (lambda: None)
-    mods = {}
+    cuda = not target.driver.startswith("local")
+    sync = torch.cuda.synchronize if cuda else (lambda: None)
+    mods, call_s = {}, {}
     with torch.no_grad():
         for name, art in cands.items():
             try:
                 m = CompiledModule(art)
-                for _ in range(_WARMUP):
+                for _ in range(_WARMUP if cuda else _WARMUP_CPU):
+                    t = time.perf_counter()
                     m(*args, **kwargs)
+                    sync()
+                    call_s[name] = time.perf_counter() - t  # the last warm-up call's time
                 mods[name] = m
             except Exception as e:  # a candidate that cannot run is not a candidate
                 log.info("region candidate %s did not run: %s", name, e)
         samples: dict[str, list] = {k: [] for k in mods}
         rounds = max(1, RUNS // _BLOCK)
         if mods:  # fast programs: more rounds (medians of a few calls of 0.1 ms are noise)
-            t = time.perf_counter()
-            for m in mods.values():
-                m(*args, **kwargs)
-            sync()
-            per_round = (time.perf_counter() - t) * (_BLOCK + 1) + _WARM_S * len(mods)
+            per_round = sum(call_s[k] for k in mods) * (_BLOCK + 1) + _WARM_S * len(mods)
             rounds = max(rounds, min(_MAX_RUNS // _BLOCK, int(_FAST_BUDGET_S / per_round)))
+        # slow programs: no untimed call before a block (a call's own length dwarfs the
+        # previous candidate's threads settling; it would only double the compile time)
+        settled = {k for k in mods if call_s[k] >= _SLOW_S}
         deadline = time.perf_counter() + BUDGET_S
         names = list(mods)
         for r in range(rounds):
             if r >= 2 and time.perf_counter() > deadline:
                 break
             _round(mods, names[r % len(names):] + names[:r % len(names)], args, kwargs,
-                   sync, samples)
+                   sync, samples, settled)
         # a lead within the noise: measure the two contenders more, alternating, until it
         # is decided either way, a contender has _MAX_RUNS samples, or EXTRA_S is spent
         deadline = time.perf_counter() + EXTRA_S
@@ -405,7 +415,7 @@ def _time_candidates(cands: dict[str, CompiledArtifact], example, target: Target
         while pair and time.perf_counter() < deadline and \
                 max(len(samples[k]) for k in pair) < _MAX_RUNS:
             for _ in range(2):
-                _round(mods, list(pair), args, kwargs, sync, samples)
+                _round(mods, list(pair), args, kwargs, sync, samples, settled)
                 pair = pair[::-1]
             pair = _verdict(_stats(samples))[1]
     for m in mods.values():
@@ -413,14 +423,14 @@ def _time_candidates(cands: dict[str, CompiledArtifact], example, target: Target
     return _stats(samples)
 
 
-def _round(mods, order, args, kwargs, sync, samples) -> None:
+def _round(mods, order, args, kwargs, sync, samples, settled=frozenset()) -> None:
     """One block per candidate in ``order``: untimed calls for ``_WARM_S`` (the
     previous candidate's threads settle, this one's caches and threads warm up; one
-    call at least), then ``_BLOCK`` timed."""
+    call at least, none for the ``settled`` slow ones), then ``_BLOCK`` timed."""
     for name in order:
         m = mods[name]
         t0 = time.perf_counter()
-        while True:
+        while name not in settled:
             m(*args, **kwargs)
             sync()
             if time.perf_counter() - t0 >= _WARM_S:

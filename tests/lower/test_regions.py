@@ -105,3 +105,22 @@ def test_per_op_placement_runs_on_the_local_sync_driver_too(convnet):
         torch.testing.assert_close(sync(x), cm(x), rtol=1e-6, atol=1e-6)
         torch.testing.assert_close(sync(x), m(x), rtol=1e-4, atol=1e-4)
     assert sync.kernel_call_count >= 1
+
+
+def test_slow_candidates_skip_the_untimed_call_before_their_blocks():
+    """A candidate whose call takes _SLOW_S or more is timed without an untimed call
+    first (it would only add to the compile time); a fast one is warmed up by time."""
+    from aot.lower import regions
+
+    calls = {"fast": 0, "slow": 0}
+
+    def module(name):
+        def call(*args, **kwargs):
+            calls[name] += 1
+        return call
+
+    samples = {"fast": [], "slow": []}
+    regions._round({"fast": module("fast"), "slow": module("slow")}, ["fast", "slow"], (), {},
+                   lambda: None, samples, settled={"slow"})
+    assert calls["slow"] == regions._BLOCK and len(samples["slow"]) == regions._BLOCK
+    assert calls["fast"] > regions._BLOCK and len(samples["fast"]) == regions._BLOCK
