@@ -66,8 +66,8 @@ class ExecOptions:
     layout-safe run NHWC (``aot.fallback.layout``). ``cuda_graphs``: on CUDA a
     group is replayed from a CUDA graph after its first call
     (``aot.fallback.cuda_graph``). ``prepack``: on the CPU, convolutions (in
-    NHWC groups) and linears run on weights packed once, with ReLU and residual
-    adds fused into the convolutions, and written-out attention runs as one
+    NHWC groups) and linears run on weights packed once, with activations and
+    residual adds fused into the convolutions, and written-out attention runs as one
     fused kernel (``aot.fallback.prepack``). ``quantized_engine``: the engine
     quantized weights are packed with (``aot.fallback.quantized_ops``; None:
     the current one, as eager).

@@ -11,7 +11,7 @@ on the CPU (``ExecOptions(prepack=True)``) it can do what eager cannot:
   channels-last groups);
 - an activation reading only such a convolution's result is fused into it as a
   oneDNN post-op (``relu``, ``hardtanh`` (ReLU6), ``hardswish``, ``hardsigmoid``,
-  ``silu``, ``sigmoid``, ``tanh``, ``gelu``, ``leaky_relu``: ``_UNARY_POST_OPS``),
+  ``silu``, ``sigmoid``, ``tanh``, ``gelu``, ``leaky_relu``: ``_POST_OPS``),
   and so is an ``add`` of another tensor (``alpha=1``) with an optional ``relu``
   after it (``_convolution_pointwise.binary``; oneDNN fuses no other activation
   after the add): the chain runs
@@ -37,10 +37,11 @@ ops run.
 from __future__ import annotations
 
 import math
+from typing import Callable, NamedTuple
 
 import torch
 
-from .spec import KernelCallSpec, StaticArg, TensorArg, TensorListArg
+from .spec import KernelCallSpec, StaticArg, TensorArg
 
 __all__ = ["available", "plan_fusions", "DEFERRED", "VERSION"]
 
@@ -77,25 +78,15 @@ def _static(spec: KernelCallSpec, name: str, default=None):
     return o.value if isinstance(o, StaticArg) else default
 
 
-def _reads(spec: KernelCallSpec) -> list[int]:
-    slots = []
-    for o in spec.operands:
-        if isinstance(o, TensorArg):
-            slots.append(o.index)
-        elif isinstance(o, TensorListArg):
-            slots.extend(i for i in o.indices if i is not None)
-    return slots
-
-
 class PackedConv:
     """conv [+ add] [+ activation] as one oneDNN kernel on a weight packed at the first call.
 
-    ``unary`` is a ``_unary_post_op`` triple (attribute, scalars, algorithm) or None.
+    ``post_op``: the activation fused after it (``_post_op``), or None.
     """
 
-    def __init__(self, conv, unary: tuple | None, other_slot: int | None, input_shape):
+    def __init__(self, conv, post_op: PostOp | None, other_slot: int | None, input_shape):
         self.conv, self.other_slot = conv, other_slot
-        self.unary, self.scalars, self.algorithm = unary or ("none", [], "")
+        self.unary, self.scalars, self.algorithm, _ = post_op or _NO_POST_OP
         s, p, d, g = _CONV_ARGS[conv.spec.op]
         a = conv.args
         self.stride, self.padding, self.dilation = list(a[s]), list(a[p]), list(a[d])
@@ -121,27 +112,13 @@ class PackedConv:
             "add", 1.0, None if self.unary == "none" else self.unary, [], "")
 
 
-_ACTIVATION_FNS = {  # oneDNN post-op attribute -> the same activation, in place, in ATen
-    "relu": lambda y, s, a: torch.relu_(y),
-    "hardtanh": lambda y, s, a: torch.nn.functional.hardtanh_(y, s[0], s[1]),
-    "hardswish": lambda y, s, a: torch.nn.functional.hardswish(y, inplace=True),
-    "hardsigmoid": lambda y, s, a: torch.nn.functional.hardsigmoid(y, inplace=True),
-    "swish": lambda y, s, a: torch.nn.functional.silu(y, inplace=True),
-    "sigmoid": lambda y, s, a: torch.sigmoid_(y),
-    "tanh": lambda y, s, a: torch.tanh_(y),
-    "gelu": lambda y, s, a: torch.nn.functional.gelu(y, approximate=a),
-    "leaky_relu": lambda y, s, a: torch.nn.functional.leaky_relu_(y, s[0]),
-}
-
-
 class MatvecConv:
     """A 1x1 convolution of a 1x1 input [+ activation] as ``addmm`` on a weight
     transposed once: the same products, without oneDNN's fixed cost per call."""
 
-    def __init__(self, conv, unary: tuple | None):
+    def __init__(self, conv, post_op: PostOp | None):
         self.conv = conv
-        self.unary, self.scalars, self.algorithm = unary or ("none", [], "")
-        self.act = _ACTIVATION_FNS.get(self.unary)
+        self.unary, self.scalars, self.algorithm, self.act = post_op or _NO_POST_OP
         self.weight_t = None
         self.spec = conv.spec
         self.reads = conv.slots()
@@ -160,12 +137,10 @@ class MatvecConv:
 
 def _matvec_conv(conv) -> bool:
     """A 1x1, ungrouped, unpadded convolution whose input is 1x1 (its output too)."""
-    spec = conv.spec
-    x, w = _tensor_operand(spec, "input"), _tensor_operand(spec, "weight")
-    s, p, d, g = _CONV_ARGS[spec.op]
-    a = conv.args
+    x, w = _tensor_operand(conv.spec, "input"), _tensor_operand(conv.spec, "weight")
+    _, padding, _, groups = _CONV_ARGS[conv.spec.op]
     return (tuple(x.spec.shape[2:]) == (1, 1) and tuple(w.spec.shape[2:]) == (1, 1)
-            and int(a[g]) == 1 and all(int(v) == 0 for v in a[p]))
+            and int(conv.args[groups]) == 1 and all(int(v) == 0 for v in conv.args[padding]))
 
 
 class PackedLinear:
@@ -224,26 +199,45 @@ def _packable_linear(spec: KernelCallSpec) -> bool:
             and (b is None or b.constant))
 
 
-# op -> oneDNN post-op attribute, and the statics that become its scalars (defaults)
-_UNARY_POST_OPS = {
-    "aten::relu": ("relu", ()), "aten::relu_": ("relu", ()),
-    "aten::hardtanh": ("hardtanh", (("min_val", -1.0), ("max_val", 1.0))),
-    "aten::hardswish": ("hardswish", ()), "aten::hardsigmoid": ("hardsigmoid", ()),
-    "aten::silu": ("swish", ()), "aten::sigmoid": ("sigmoid", ()), "aten::tanh": ("tanh", ()),
-    "aten::leaky_relu": ("leaky_relu", (("negative_slope", 0.01),)),
-    "aten::gelu": ("gelu", ()),
+class PostOp(NamedTuple):
+    """An activation fused after a convolution: oneDNN's post-op ``attr`` with its
+    ``scalars`` and ``algorithm``, and ``apply(y, scalars, algorithm)``, the same
+    activation in place in ATen (for ``MatvecConv``, which runs no oneDNN kernel)."""
+    attr: str
+    scalars: list
+    algorithm: str
+    apply: Callable | None
+
+
+_NO_POST_OP = PostOp("none", [], "", None)
+_F = torch.nn.functional
+# op -> oneDNN post-op attribute, the statics that become its scalars (with their
+# defaults), and the activation in place
+_POST_OPS = {
+    "aten::relu": ("relu", (), lambda y, s, a: torch.relu_(y)),
+    "aten::relu_": ("relu", (), lambda y, s, a: torch.relu_(y)),
+    "aten::hardtanh": ("hardtanh", (("min_val", -1.0), ("max_val", 1.0)),
+                       lambda y, s, a: _F.hardtanh_(y, s[0], s[1])),
+    "aten::hardswish": ("hardswish", (), lambda y, s, a: _F.hardswish(y, inplace=True)),
+    "aten::hardsigmoid": ("hardsigmoid", (), lambda y, s, a: _F.hardsigmoid(y, inplace=True)),
+    "aten::silu": ("swish", (), lambda y, s, a: _F.silu(y, inplace=True)),
+    "aten::sigmoid": ("sigmoid", (), lambda y, s, a: torch.sigmoid_(y)),
+    "aten::tanh": ("tanh", (), lambda y, s, a: torch.tanh_(y)),
+    "aten::leaky_relu": ("leaky_relu", (("negative_slope", 0.01),),
+                         lambda y, s, a: _F.leaky_relu_(y, s[0])),
+    "aten::gelu": ("gelu", (), lambda y, s, a: _F.gelu(y, approximate=a)),
 }
 
 
-def _unary_post_op(spec: KernelCallSpec) -> tuple | None:
-    """(attribute, scalars, algorithm) fusing ``spec`` after a convolution, or None."""
-    entry = _UNARY_POST_OPS.get(spec.op)
+def _post_op(spec: KernelCallSpec) -> PostOp | None:
+    """``spec`` as an activation fused after a convolution, or None."""
+    entry = _POST_OPS.get(spec.op)
     if entry is None or spec.overload not in ("default", ""):
         return None
     x = _tensor_operand(spec, "self")
     if x is None or x.spec.dtype != "float32":
         return None
-    attr, statics = entry
+    attr, statics, apply = entry
     scalars = [_static(spec, name, default) for name, default in statics]
     if not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in scalars):
         return None
@@ -252,7 +246,7 @@ def _unary_post_op(spec: KernelCallSpec) -> tuple | None:
         algorithm = _static(spec, "approximate", "none")
         if algorithm not in ("none", "tanh"):
             return None
-    return attr, [float(v) for v in scalars], algorithm
+    return PostOp(attr, [float(v) for v in scalars], algorithm, apply)
 
 
 def _is_plain_add(spec: KernelCallSpec) -> bool:
@@ -277,7 +271,7 @@ def plan_fusions(members: list, n_inputs: int, output_slots, convs: bool) -> dic
     for i, s in enumerate(specs):
         slot_of.append(nxt)
         nxt += max(len(s.results), 1)
-        for r in _reads(s):
+        for r in members[i].slots():
             users.setdefault(r, []).append(i)
     outputs = set(output_slots)
 
@@ -313,8 +307,8 @@ def plan_fusions(members: list, n_inputs: int, output_slots, convs: bool) -> dic
                 else:
                     other = None
             if j is not None and j not in plan:
-                unary = _unary_post_op(specs[j])
-                if other is not None and unary is not None and unary[0] != "relu":
+                unary = _post_op(specs[j])
+                if other is not None and unary is not None and unary.attr != "relu":
                     unary = None  # oneDNN fuses only a relu after the add
                 if unary is not None:
                     chain.append(j)

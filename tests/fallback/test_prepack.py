@@ -37,13 +37,18 @@ def _fusions(cm):
     return fn.fused
 
 
+def _prepacked(m, x, memory_format="contiguous"):
+    """``m`` as one ATen region run by the prepacked executor."""
+    allm = aot.compile(m, (x,), fallback="all")
+    return CompiledModule(_with_executor(allm.artifact,
+                                         ExecOptions(memory_format, prepack=True)))
+
+
 def test_prepacked_region_matches_eager_and_fuses():
     torch.manual_seed(0)
     m = Block().eval()
     x = torch.randn(2, 8, 16, 16)
-    allm = aot.compile(m, (x,), fallback="all")
-    packed = CompiledModule(_with_executor(allm.artifact,
-                                           ExecOptions("channels_last", prepack=True)))
+    packed = _prepacked(m, x, "channels_last")
     with torch.no_grad():
         ref = m(x)
         for _ in range(3):  # the first call packs the weights, later calls reuse them
@@ -99,9 +104,7 @@ def test_activations_fuse_into_packed_convolutions(name):
     torch.manual_seed(0)
     m = ConvAct(act).eval()
     x = torch.randn(2, 8, 12, 12) * 3  # reaches both sides of the clamping activations
-    allm = aot.compile(m, (x,), fallback="all")
-    packed = CompiledModule(_with_executor(allm.artifact,
-                                           ExecOptions("channels_last", prepack=True)))
+    packed = _prepacked(m, x, "channels_last")
     with torch.no_grad():
         ref = m(x)
         for _ in range(2):
@@ -118,8 +121,7 @@ def test_contiguous_groups_pack_only_linears():
     torch.manual_seed(0)
     m = Block().eval()
     x = torch.randn(2, 8, 16, 16)
-    allm = aot.compile(m, (x,), fallback="all")
-    packed = CompiledModule(_with_executor(allm.artifact, ExecOptions(prepack=True)))
+    packed = _prepacked(m, x)
     with torch.no_grad():
         torch.testing.assert_close(packed(x), m(x), rtol=1e-4, atol=1e-4)
     assert not any(isinstance(f, prepack.PackedConv) for f in _fusions(packed).values())
@@ -144,8 +146,7 @@ def test_written_out_attention_runs_as_one_fused_kernel(scale_by_mul):
     torch.manual_seed(0)
     m = Attention(scale_by_mul).eval()
     x = torch.randn(2, 16, 32)
-    allm = aot.compile(m, (x,), fallback="all")
-    packed = CompiledModule(_with_executor(allm.artifact, ExecOptions(prepack=True)))
+    packed = _prepacked(m, x)
     with torch.no_grad():
         torch.testing.assert_close(packed(x), m(x), rtol=1e-5, atol=1e-5)
     plan = _fusions(packed)
@@ -164,8 +165,7 @@ def test_attention_whose_scores_are_also_returned_is_not_fused():
             return p @ v, p
     m = Leaky().eval()
     x = torch.randn(1, 16, 32)
-    allm = aot.compile(m, (x,), fallback="all")
-    packed = CompiledModule(_with_executor(allm.artifact, ExecOptions(prepack=True)))
+    packed = _prepacked(m, x)
     with torch.no_grad():
         for g, r in zip(packed(x), m(x)):
             torch.testing.assert_close(g, r, rtol=1e-5, atol=1e-5)
@@ -197,9 +197,7 @@ def test_squeeze_excitation_convolutions_run_as_matrix_vector_products(act, gate
     torch.manual_seed(0)
     m = SqueezeExcite(act, gate, bias).eval()
     x = torch.randn(3, 8, 10, 10)
-    allm = aot.compile(m, (x,), fallback="all")
-    packed = CompiledModule(_with_executor(allm.artifact,
-                                           ExecOptions("channels_last", prepack=True)))
+    packed = _prepacked(m, x, "channels_last")
     with torch.no_grad():
         ref = m(x)
         for _ in range(2):  # the first call transposes the weights, later calls reuse them
