@@ -19,11 +19,28 @@ A depthwise convolution (one filter per channel) is the sum over its kernel taps
 the shifted input times that tap's per-channel weight (``depthwise_as_shifts``),
 elementwise work IREE fuses into one loop; its convolution form ran 2-11x slower
 (median ms, compiled alone; eager in brackets): 3x3 32 ch at 112x112 4.42 -> 0.39
-(0.43), 3x3 s2 96 ch at 112x112 3.26 -> 1.29 (0.31), 3x3 144 ch at 56x56 2.12 -> 0.43
-(0.31), 3x3 576 ch at 14x14 0.58 -> 0.23 (0.16), 5x5 240 ch at 28x28 1.38 -> 0.87
-(0.23); a strided 5x5 ran slower shifted and keeps its form. Under
-``placement="coverage"``: MobileNetV2 19.8 -> 9.3 ms (eager 15.3), MobileNetV3-Small
-7.5 -> 6.0 (7.7), EfficientNet-B0 51.8 -> 33 (22-25).
+(0.43), 3x3 144 ch at 56x56 2.12 -> 0.43 (0.31), 3x3 576 ch at 14x14 0.58 -> 0.23
+(0.16), 5x5 240 ch at 28x28 1.38 -> 0.87 (0.23). Under ``placement="coverage"``:
+MobileNetV2 19.8 -> 9.3 ms (eager 15.3), MobileNetV3-Small 7.5 -> 6.0 (7.7),
+EfficientNet-B0 51.8 -> 33 (22-25).
+
+A strided tap read as a strided slice makes IREE gather element by element; so a
+strided depthwise convolution splits its input into stride phases (``_phases``: a
+view and one transposing copy; phase ``(a, b)`` holds every s-th row from ``a`` and
+every s-th column from ``b``) and each tap reads a unit-stride window of one phase.
+Where the input comes from an activation IREE computes cheaply (ReLU, ReLU6,
+hardswish), the split comes first and the phases are padded after it: IREE fuses the
+activation into the transposing copy. Otherwise the input is padded first: split
+first, a SiLU was fused into the transposing copy and ran there element by element
+(1x1 conv 16 -> 96 + SiLU + this 3x3 s2 at 112x112: 3.28 ms, padded first 1.51;
+with ReLU6 split first 1.06, padded first 1.15). Measured (2-core AMD EPYC, medians
+of 160 calls, interleaved, ms; with the ReLU6 after it; strided slices -> phases,
+eager in brackets): 3x3 s2 96 ch at 112x112 2.37 -> 0.72 (0.34), 72 ch at 56x56 0.40
+-> 0.16 (0.26), 144 ch at 56x56 0.73 -> 0.21 (0.18), 5x5 s2 144 ch at 56x56 1.90 ->
+0.37 (0.22), 5x5 s2 240 ch at 28x28 0.61 -> 0.23 (0.12) (strided 5x5 kernels were
+left as convolutions before: 3-5x slower). Under ``placement="coverage"``, one
+interleaved run: MobileNetV3-Small 3.47 -> 2.81 ms (eager 6.34), MobileNetV2 11.86 ->
+8.69 (17.93), EfficientNet-B0 14.90 -> 13.90 (21.42).
 
 The partitioner emits these forms only for the convolutions it compiles
 (``conv_as_matmul``, ``depthwise_as_shifts``, through ``compiled_forms``); under
@@ -38,11 +55,12 @@ import torch
 
 __all__ = ["conv_as_matmul", "depthwise_as_shifts", "as_matmul"]
 
-# depthwise kernels shifted: up to 3x3 at any stride, up to 5x5 unstrided (a strided
-# 5x5 measured slower shifted: 144 ch at 56x56, stride 2, 1.23 -> 2.52 ms)
-MAX_TAPS, MAX_TAPS_UNSTRIDED = 9, 25
-log = logging.getLogger(__name__)
 aten = torch.ops.aten
+# depthwise kernels shifted: up to 5x5 (any stride)
+MAX_TAPS = 25
+# producers of a strided depthwise convolution's input that may fuse into its phase split
+_CHEAP = {aten.relu.default, aten.hardtanh.default, aten.clamp.default, aten.hardswish.default}
+log = logging.getLogger(__name__)
 
 
 def _conv(n: torch.fx.Node) -> dict | None:
@@ -115,9 +133,64 @@ def _window(g, cur, val, offset, stride, size, keep):
     return cur, val
 
 
+def _phases(g, cur, val, padding, stride, size, taps, pad_first, keep):
+    """``(node, value, origin)``: the input split into its stride phases, ``[n, c, sh,
+    sw, rows, cols]``, zero-padded so that every tap's window lies inside its phase.
+    Phase ``(a, b)`` holds every ``sh``-th row from ``a`` and every ``sw``-th column from
+    ``b``, so each tap of a strided convolution reads a unit-stride window of one phase
+    (``_phase_window``) instead of a strided slice.
+
+    ``pad_first``: pad the input by ``padding`` (and up to a multiple of the stride),
+    then split; else split the input, then pad the phases (rows before, as many as the
+    padding reaches, and after, as many as the taps read). ``origin``: per dimension,
+    the input position phase 0 starts at and the phase rows padded before it.
+    """
+    (ph, pw), (sh, sw) = padding, stride
+    n, c, h, w = (int(d) for d in val.shape)
+    before = (ph, pw) if pad_first else (0, 0)
+    eh, ew = -(h + 2 * before[0]) % sh, -(w + 2 * before[1]) % sw
+    pad = [before[1], before[1] + ew, before[0], before[0] + eh]
+    if any(pad):
+        val = torch.constant_pad_nd(val, pad, 0.0)
+        cur = _emit(g, aten.constant_pad_nd.default, (cur, pad, 0.0), val, keep)
+    rows, cols = (h + 2 * before[0] + eh) // sh, (w + 2 * before[1] + ew) // sw
+    val = val.reshape(n, c, rows, sh, cols, sw)
+    cur = _emit(g, aten.view.default, (cur, [n, c, rows, sh, cols, sw]), val, keep)
+    val = val.permute(0, 1, 3, 5, 2, 4)
+    cur = _emit(g, aten.permute.default, (cur, [0, 1, 3, 5, 2, 4]), val, keep)
+    if pad_first:
+        return cur, val, ((0, 0), (0, 0))
+    origin = tuple((p, -(-p // s)) for p, s in zip(padding, stride))
+    after = [max(0, o - 1 + (k - 1 - p) // s + 1 - m) for o, k, p, s, m
+             in zip(size, taps, padding, stride, (rows, cols))]
+    pad = [origin[1][1], after[1], origin[0][1], after[0]]
+    if any(pad):
+        val = torch.constant_pad_nd(val, pad, 0.0)
+        cur = _emit(g, aten.constant_pad_nd.default, (cur, pad, 0.0), val, keep)
+    return cur, val, origin
+
+
+def _phase_window(g, cur, val, origin, offset, stride, size, keep):
+    """``(node, value)``: what ``_window`` gives for kernel tap ``offset``, read from the
+    stride phases (``_phases``, its ``origin``) as a unit-stride window."""
+    start = []
+    for i, s, (o, f) in zip(offset, stride, origin):  # the row's phase, then the column's
+        val = val.select(2, (i - o) % s)
+        cur = _emit(g, aten.select.int, (cur, 2, (i - o) % s), val, keep)
+        start.append((i - o) // s + f)
+    return _window(g, cur, val, tuple(start), (1, 1), size, keep)
+
+
+def _cheap(n) -> bool:
+    """Whether IREE may fuse ``n`` into the transposing copy of ``_phases``: an op that
+    costs nothing there (measured: ReLU6 fused in that copy 0.22 ms for 96 x 112 x 112
+    values, SiLU 1.6 ms)."""
+    return isinstance(n, torch.fx.Node) and n.op == "call_function" and n.target in _CHEAP
+
+
 def _depthwise_plan(n: torch.fx.Node) -> dict | None:
     """How to emit a depthwise conv2d (one filter per channel, undilated, at most
-    ``MAX_TAPS`` taps, ``MAX_TAPS_UNSTRIDED`` unstrided) as shifted multiply-adds, or None."""
+    ``MAX_TAPS`` taps) as shifted multiply-adds, or None."""
     c = _conv(n)
     if c is None or c["groups"] == 1 or c["dilation"] != [1, 1]:
         return None
@@ -125,7 +198,7 @@ def _depthwise_plan(n: torch.fx.Node) -> dict | None:
             != (c["groups"], 1):
         return None
     kh, kw = c["k"]
-    if kh * kw > (MAX_TAPS_UNSTRIDED if c["stride"] == [1, 1] else MAX_TAPS):
+    if kh * kw > MAX_TAPS:
         return None
     return {"k": c["k"], "stride": c["stride"], "padding": c["padding"]}
 
@@ -142,15 +215,23 @@ def depthwise_as_shifts(node: torch.fx.Node, g: torch.fx.Graph, env: dict
     b = node.args[2] if len(node.args) > 2 else None
     keep = {k: v for k, v in node.meta.items() if k in ("stack_trace", "nn_module_stack")}
     (kh, kw), stride = plan["k"], plan["stride"]
-    cur, val = _padded(g, env[x], x.meta["val"], plan["padding"], keep)
     out = node.meta["val"]
     c, ho, wo = int(out.shape[1]), int(out.shape[2]), int(out.shape[3])
+    if stride == [1, 1]:
+        cur, val = _padded(g, env[x], x.meta["val"], plan["padding"], keep)
+        window = _window
+    else:
+        cur, val, origin = _phases(g, env[x], x.meta["val"], plan["padding"], stride,
+                                   (ho, wo), (kh, kw), not _cheap(x), keep)
+
+        def window(g, cur, val, offset, stride, size, keep):
+            return _phase_window(g, cur, val, origin, offset, stride, size, keep)
     wv = w.meta["val"].reshape(c, kh * kw)
     taps = _emit(g, aten.view.default, (env[w], [c, kh * kw]), wv, keep)
     acc = acc_v = None
     for i in range(kh):
         for j in range(kw):
-            t, v = _window(g, cur, val, (i, j), stride, (ho, wo), keep)
+            t, v = window(g, cur, val, (i, j), stride, (ho, wo), keep)
             tap_v = wv[:, i * kw + j]
             tap = _emit(g, aten.select.int, (taps, 1, i * kw + j), tap_v, keep)
             tap4_v = tap_v.view(1, c, 1, 1)

@@ -3,6 +3,8 @@ over im2col columns (IREE's convolution forms are 2.5-150x slower), with eager's
 (float32 rtol 1e-5 / atol 1e-5: IREE's summation order); grouped and dilated ones keep
 their form."""
 
+import re
+
 import pytest
 import torch
 
@@ -75,6 +77,7 @@ def test_grouped_and_dilated_kxk_convs_keep_their_form():
 @pytest.mark.parametrize("k,stride,pad,bias,hw", [
     (3, 1, 1, True, (9, 8)), (3, 2, 1, False, (11, 10)), (5, 1, 2, True, (10, 10)),
     ((3, 1), (2, 1), (1, 0), True, (7, 9)), (3, 1, 0, True, (6, 6)),
+    (5, 2, 2, True, (13, 12)), (3, 3, 0, False, (10, 11)), (3, 2, 0, True, (9, 9)),
 ])
 def test_depthwise_conv_as_shifted_multiply_adds_gives_eagers_values(k, stride, pad, bias, hw):
     torch.manual_seed(0)
@@ -88,9 +91,39 @@ def test_depthwise_conv_as_shifted_multiply_adds_gives_eagers_values(k, stride, 
         torch.testing.assert_close(cm(x), m(x), rtol=1e-5, atol=1e-5)
 
 
-def test_strided_5x5_and_multiplier_depthwise_convs_keep_their_form():
-    for conv, c in ((torch.nn.Conv2d(6, 6, 5, 2, 2, groups=6), 6),
-                    (torch.nn.Conv2d(4, 8, 3, padding=1, groups=4), 4)):
+@pytest.mark.parametrize("act,k,stride,pad,hw", [
+    (torch.nn.ReLU6, 3, 2, 1, (11, 10)), (torch.nn.ReLU6, 5, 2, 2, (13, 12)),
+    (torch.nn.Hardswish, (3, 5), (2, 3), (1, 2), (9, 14)), (torch.nn.SiLU, 3, 2, 1, (11, 10)),
+    (torch.nn.SiLU, 3, 3, 0, (10, 11)), (torch.nn.ReLU6, 3, 3, 0, (10, 11)),
+])
+def test_strided_depthwise_conv_after_an_activation_gives_eagers_values(act, k, stride, pad, hw):
+    # the stride phases are split before the padding after a cheap activation (ReLU6,
+    # hardswish: IREE may fuse it into the split), after it otherwise (SiLU)
+    torch.manual_seed(0)
+    m = torch.nn.Sequential(torch.nn.Conv2d(3, 6, 1), act(),
+                            torch.nn.Conv2d(6, 6, k, stride, pad, groups=6)).eval()
+    x = torch.randn(2, 3, *hw)
+    p = partition(import_model(m, (x,)), get_target("cpu"), PlacementPolicy("auto", (), "coverage"))
+    assert "torch.aten.conv2d" not in p.mlir and "torch.aten.permute" in p.mlir
+    cm = aot.compile(m, (x,), placement="coverage")
+    with torch.no_grad():
+        torch.testing.assert_close(cm(x), m(x), rtol=1e-5, atol=1e-5)
+
+
+def test_strided_depthwise_taps_read_unit_stride_windows_of_the_phases():
+    # a strided tap reads one stride phase of the padded input, not a strided slice
+    conv = torch.nn.Conv2d(6, 6, 5, 2, 2, groups=6).eval()
+    p = partition(import_model(conv, (torch.randn(1, 6, 9, 9),)), get_target("cpu"),
+                  PlacementPolicy("auto", (), "coverage"))
+    assert "torch.aten.conv2d" not in p.mlir and "torch.aten.permute" in p.mlir
+    steps = re.findall(r"torch.aten.slice.Tensor %\S+, %\S+, %\S+, %\S+, %(\S+) :", p.mlir)
+    assert steps and {p.mlir.split(f"%{s} = torch.constant.int ")[1].split()[0]
+                      for s in steps} == {"1"}
+
+
+def test_depthwise_convs_with_a_channel_multiplier_or_large_kernel_keep_their_form():
+    for conv, c in ((torch.nn.Conv2d(4, 8, 3, padding=1, groups=4), 4),
+                    (torch.nn.Conv2d(4, 4, 7, padding=3, groups=4), 4)):
         p = partition(import_model(conv.eval(), (torch.randn(1, c, 9, 9),)), get_target("cpu"),
                       PlacementPolicy("auto", (), "coverage"))
         assert "torch.aten.conv2d" in p.mlir
