@@ -4,7 +4,8 @@ Each rewrite computes the op's own arithmetic in ops IREE 3.13 compiles well
 (measured per op; the numbers are in each module): convolutions as matmuls or
 shifted multiply-adds (``conv_rewrites``), attention as two matmuls around a
 softmax (``attention_rewrites``), global average pooling as a mean
-(``pool_rewrites``). ``emit`` is the one entry point: the partitioner calls it for
+(``pool_rewrites``), linear layers on 3-D and 4-D inputs as 2-D ones
+(``linear_rewrites``). ``emit`` is the one entry point: the partitioner calls it for
 every compiled op, the cost probe for the one-op graphs it times, so both measure
 and build the same form.
 """
@@ -15,15 +16,17 @@ import torch
 
 from .attention_rewrites import attention_as_matmuls
 from .conv_rewrites import conv_as_matmul, depthwise_as_shifts
+from .linear_rewrites import linear_as_2d
 from .pool_rewrites import global_pool_as_mean
 
 __all__ = ["FORMS", "emit"]
 
 # names the compiled forms; part of the cost cache's key (``cost``), so a measurement
 # of an op's older form is not reused
-FORMS = ("conv-as-matmul-2+depthwise-as-shifts-2+attention-as-matmuls-1"
-         "+global-pool-as-mean-1")
-_REWRITES = (conv_as_matmul, depthwise_as_shifts, attention_as_matmuls, global_pool_as_mean)
+FORMS = ("conv-as-matmul-2+depthwise-as-shifts-3+attention-as-matmuls-1"
+         "+global-pool-as-mean-1+linear-as-2d-1")
+_REWRITES = (conv_as_matmul, depthwise_as_shifts, attention_as_matmuls, global_pool_as_mean,
+             linear_as_2d)
 
 
 def emit(node: torch.fx.Node, g: torch.fx.Graph, env: dict) -> torch.fx.Node | None:

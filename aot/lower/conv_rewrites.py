@@ -42,6 +42,14 @@ left as convolutions before: 3-5x slower). Under ``placement="coverage"``, one
 interleaved run: MobileNetV3-Small 3.47 -> 2.81 ms (eager 6.34), MobileNetV2 11.86 ->
 8.69 (17.93), EfficientNet-B0 14.90 -> 13.90 (21.42).
 
+Kernels of more than 25 taps (ConvNeXt's 7x7) are shifted only where the output is
+at most 2.5 MiB: IREE fuses about six taps into one loop and writes each partial sum
+out, cheap while it stays in cache. 7x7 (ms, conv form -> shifted, eager in
+brackets): 96 ch at 56x56 batch 1 5.5 -> 1.8 (0.46), batch 2 8.4 -> 4.4 (0.65),
+batch 4 24.0 -> 34.7 (1.14), batch 8 32.8 -> 67.6 (2.9); 384 ch at 14x14 batch 1 1.5
+-> 0.52 (0.19), batch 8 (2.4 MiB) 6.6 -> 4.6 (0.51); 192 ch at 28x28 batch 8 (4.8
+MiB) 15.9 -> 37.3 (6.2).
+
 The partitioner emits these forms only for the convolutions it compiles
 (``conv_as_matmul``, ``depthwise_as_shifts``, through ``compiled_forms``); under
 ``fallback="all"`` nothing is compiled.
@@ -56,8 +64,10 @@ import torch
 __all__ = ["conv_as_matmul", "depthwise_as_shifts", "as_matmul"]
 
 aten = torch.ops.aten
-# depthwise kernels shifted: up to 5x5 (any stride)
-MAX_TAPS = 25
+# depthwise kernels shifted: up to 5x5 (any stride); up to 7x7 where the output is at
+# most SMALL_OUTPUT bytes (IREE splits a sum of more taps into several loops, each
+# writing its partial sum out: beyond the caches that costs more than it saves)
+MAX_TAPS, MAX_TAPS_SMALL, SMALL_OUTPUT = 25, 49, 5 << 19
 # producers of a strided depthwise convolution's input that may fuse into its phase split
 _CHEAP = {aten.relu.default, aten.hardtanh.default, aten.clamp.default, aten.hardswish.default}
 log = logging.getLogger(__name__)
@@ -190,7 +200,8 @@ def _cheap(n) -> bool:
 
 def _depthwise_plan(n: torch.fx.Node) -> dict | None:
     """How to emit a depthwise conv2d (one filter per channel, undilated, at most
-    ``MAX_TAPS`` taps) as shifted multiply-adds, or None."""
+    ``MAX_TAPS`` taps, ``MAX_TAPS_SMALL`` for an output of at most ``SMALL_OUTPUT``
+    bytes) as shifted multiply-adds, or None."""
     c = _conv(n)
     if c is None or c["groups"] == 1 or c["dilation"] != [1, 1]:
         return None
@@ -198,7 +209,9 @@ def _depthwise_plan(n: torch.fx.Node) -> dict | None:
             != (c["groups"], 1):
         return None
     kh, kw = c["k"]
-    if kh * kw > MAX_TAPS:
+    out = n.meta.get("val")
+    small = out is not None and out.numel() * out.element_size() <= SMALL_OUTPUT
+    if kh * kw > (MAX_TAPS_SMALL if small else MAX_TAPS):
         return None
     return {"k": c["k"], "stride": c["stride"], "padding": c["padding"]}
 

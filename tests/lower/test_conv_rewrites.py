@@ -78,6 +78,7 @@ def test_grouped_and_dilated_kxk_convs_keep_their_form():
     (3, 1, 1, True, (9, 8)), (3, 2, 1, False, (11, 10)), (5, 1, 2, True, (10, 10)),
     ((3, 1), (2, 1), (1, 0), True, (7, 9)), (3, 1, 0, True, (6, 6)),
     (5, 2, 2, True, (13, 12)), (3, 3, 0, False, (10, 11)), (3, 2, 0, True, (9, 9)),
+    (7, 1, 3, True, (9, 10)),
 ])
 def test_depthwise_conv_as_shifted_multiply_adds_gives_eagers_values(k, stride, pad, bias, hw):
     torch.manual_seed(0)
@@ -122,8 +123,10 @@ def test_strided_depthwise_taps_read_unit_stride_windows_of_the_phases():
 
 
 def test_depthwise_convs_with_a_channel_multiplier_or_large_kernel_keep_their_form():
-    for conv, c in ((torch.nn.Conv2d(4, 8, 3, padding=1, groups=4), 4),
-                    (torch.nn.Conv2d(4, 4, 7, padding=3, groups=4), 4)):
-        p = partition(import_model(conv.eval(), (torch.randn(1, c, 9, 9),)), get_target("cpu"),
+    # a 7x7 kernel is shifted only for an output of at most 2.5 MiB (here 3.7 MiB)
+    for conv, shape in ((torch.nn.Conv2d(4, 8, 3, padding=1, groups=4), (1, 4, 9, 9)),
+                        (torch.nn.Conv2d(64, 64, 7, padding=3, groups=64), (1, 64, 120, 120)),
+                        (torch.nn.Conv2d(4, 4, 9, padding=4, groups=4), (1, 4, 9, 9))):
+        p = partition(import_model(conv.eval(), (torch.randn(*shape),)), get_target("cpu"),
                       PlacementPolicy("auto", (), "coverage"))
         assert "torch.aten.conv2d" in p.mlir

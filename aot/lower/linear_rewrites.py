@@ -1,0 +1,52 @@
+"""Compiled linear layers on inputs of more than two dimensions as 2-D ones.
+
+IREE 3.13 lowers ``linear(x, w, b)`` with ``x`` of shape ``[..., k]`` (three or more
+dimensions: a transformer's ``[batch, tokens, width]``, ConvNeXt's channels-last
+``[batch, h, w, channels]``) as a batched matmul against the weight broadcast over
+every leading index but the last: it copies the weight once per batch row, every
+call. ConvNeXt-T at batch 8 under ``placement="coverage"`` spent 2.1 of its 3.5 s a
+call in those copies (``elementwise_broadcast_56x3072x768``: the 768 x 3072 weight
+written out 56 times, 0.2-0.37 s each; ``benchmarks/dispatch_profile.py``). As
+``reshape(linear(reshape(x, [-1, k]), w, b), [..., n])`` it is one matmul over all
+rows against the weight as it is. The rows are the same dot products, so the rewrite
+is exact up to summation order.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+__all__ = ["linear_as_2d"]
+
+aten = torch.ops.aten
+
+
+def linear_as_2d(node: torch.fx.Node, g: torch.fx.Graph, env: dict) -> torch.fx.Node | None:
+    """For a compiled ``aten.linear`` whose input has more than two dimensions: emit it
+    into ``g`` as a 2-D linear between two reshapes, operands through ``env``; return
+    the result node, or None (the caller copies the node as it is)."""
+    if node.op != "call_function" or node.target != aten.linear.default or node.kwargs:
+        return None
+    x, w = node.args[0], node.args[1]
+    b = node.args[2] if len(node.args) > 2 else None
+    xv = x.meta.get("val") if isinstance(x, torch.fx.Node) else None
+    wv = w.meta.get("val") if isinstance(w, torch.fx.Node) else None
+    out = node.meta.get("val")
+    if xv is None or wv is None or out is None or xv.dim() <= 2 or wv.dim() != 2:
+        return None
+    keep = {k: v for k, v in node.meta.items() if k in ("stack_trace", "nn_module_stack")}
+    rows, k, n = math.prod(int(d) for d in xv.shape[:-1]), int(xv.shape[-1]), int(wv.shape[0])
+
+    def emit(op, args, val):
+        new = g.call_function(op, args)
+        new.meta = {**keep, "val": val}
+        return new
+
+    flat = emit(aten.reshape.default, (env[x], [rows, k]), xv.reshape(rows, k))
+    mm = emit(aten.linear.default, (flat, env[w], env[b] if b is not None else None),
+              out.reshape(rows, n))
+    y = emit(aten.reshape.default, (mm, list(out.shape)), out)
+    y.meta = {**dict(node.meta), "val": out}
+    return y
