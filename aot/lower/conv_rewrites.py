@@ -171,7 +171,8 @@ def _phases(g, cur, val, padding, stride, size, taps, pad_first, keep):
     if pad_first:
         return cur, val, ((0, 0), (0, 0))
     origin = tuple((p, -(-p // s)) for p, s in zip(padding, stride))
-    after = [max(0, o - 1 + (k - 1 - p) // s + 1 - m) for o, k, p, s, m
+    # the last tap's window ends at phase row (k - 1 - p) // s + out - 1 (before padding)
+    after = [max(0, (k - 1 - p) // s + out - m) for out, k, p, s, m
              in zip(size, taps, padding, stride, (rows, cols))]
     pad = [origin[1][1], after[1], origin[0][1], after[0]]
     if any(pad):
