@@ -13,9 +13,12 @@ definition of the op, so the rewrite is exact up to summation order.
 
 from __future__ import annotations
 
+import functools
 import math
 
 import torch
+
+from .rewrite_nodes import emit_node, source_meta
 
 __all__ = ["attention_as_matmuls"]
 
@@ -52,12 +55,7 @@ def attention_as_matmuls(node: torch.fx.Node, g: torch.fx.Graph, env: dict) -> t
     plan = _plan(node)
     if plan is None:
         return None
-    keep = {k: v for k, v in node.meta.items() if k in ("stack_trace", "nn_module_stack")}
-
-    def emit(op, args, val):
-        n = g.call_function(op, args)
-        n.meta = {**keep, "val": val}
-        return n
+    emit = functools.partial(emit_node, g, keep=source_meta(node))
     qv, kv, vv = _val(plan["q"]), _val(plan["k"]), _val(plan["v"])
     lead = list(qv.shape[:-2])
     b = math.prod(int(d) for d in lead)

@@ -61,6 +61,8 @@ import logging
 
 import torch
 
+from .rewrite_nodes import emit_node as _emit, source_meta
+
 __all__ = ["conv_as_matmul", "depthwise_as_shifts", "as_matmul"]
 
 aten = torch.ops.aten
@@ -113,18 +115,15 @@ def as_matmul(n: torch.fx.Node) -> bool:
     return _plan(n) is not None
 
 
-def _emit(g: torch.fx.Graph, op, args: tuple, val, keep: dict) -> torch.fx.Node:
-    n = g.call_function(op, args)
-    n.meta = {**keep, "val": val}
-    return n
-
-
-def _padded(g, cur, val, padding, keep):
-    """``(node, value)`` of the input zero-padded by ``padding`` (rows, cols)."""
-    ph, pw = padding
-    if ph or pw:
-        val = torch.constant_pad_nd(val, [pw, pw, ph, ph], 0.0)
-        cur = _emit(g, aten.constant_pad_nd.default, (cur, [pw, pw, ph, ph], 0.0), val, keep)
+def _padded(g, cur, val, padding, keep, pad=None):
+    """``(node, value)`` of the input zero-padded by ``padding`` (rows, cols) on both
+    sides, or by ``pad`` (``constant_pad_nd``'s list: last dimension first) if given."""
+    if pad is None:
+        ph, pw = padding
+        pad = [pw, pw, ph, ph]
+    if any(pad):
+        val = torch.constant_pad_nd(val, pad, 0.0)
+        cur = _emit(g, aten.constant_pad_nd.default, (cur, pad, 0.0), val, keep)
     return cur, val
 
 
@@ -159,10 +158,8 @@ def _phases(g, cur, val, padding, stride, size, taps, pad_first, keep):
     n, c, h, w = (int(d) for d in val.shape)
     before = (ph, pw) if pad_first else (0, 0)
     eh, ew = -(h + 2 * before[0]) % sh, -(w + 2 * before[1]) % sw
-    pad = [before[1], before[1] + ew, before[0], before[0] + eh]
-    if any(pad):
-        val = torch.constant_pad_nd(val, pad, 0.0)
-        cur = _emit(g, aten.constant_pad_nd.default, (cur, pad, 0.0), val, keep)
+    cur, val = _padded(g, cur, val, None, keep,
+                       [before[1], before[1] + ew, before[0], before[0] + eh])
     rows, cols = (h + 2 * before[0] + eh) // sh, (w + 2 * before[1] + ew) // sw
     val = val.reshape(n, c, rows, sh, cols, sw)
     cur = _emit(g, aten.view.default, (cur, [n, c, rows, sh, cols, sw]), val, keep)
@@ -174,10 +171,7 @@ def _phases(g, cur, val, padding, stride, size, taps, pad_first, keep):
     # the last tap's window ends at phase row (k - 1 - p) // s + out - 1 (before padding)
     after = [max(0, (k - 1 - p) // s + out - m) for out, k, p, s, m
              in zip(size, taps, padding, stride, (rows, cols))]
-    pad = [origin[1][1], after[1], origin[0][1], after[0]]
-    if any(pad):
-        val = torch.constant_pad_nd(val, pad, 0.0)
-        cur = _emit(g, aten.constant_pad_nd.default, (cur, pad, 0.0), val, keep)
+    cur, val = _padded(g, cur, val, None, keep, [origin[1][1], after[1], origin[0][1], after[0]])
     return cur, val, origin
 
 
@@ -227,7 +221,7 @@ def depthwise_as_shifts(node: torch.fx.Node, g: torch.fx.Graph, env: dict
         return None
     x, w = node.args[0], node.args[1]
     b = node.args[2] if len(node.args) > 2 else None
-    keep = {k: v for k, v in node.meta.items() if k in ("stack_trace", "nn_module_stack")}
+    keep = source_meta(node)
     (kh, kw), stride = plan["k"], plan["stride"]
     out = node.meta["val"]
     c, ho, wo = int(out.shape[1]), int(out.shape[2]), int(out.shape[3])
@@ -278,7 +272,7 @@ def conv_as_matmul(node: torch.fx.Node, g: torch.fx.Graph, env: dict) -> torch.f
         return None
     x, w = node.args[0], node.args[1]
     b = node.args[2] if len(node.args) > 2 else None
-    keep = {k: v for k, v in node.meta.items() if k in ("stack_trace", "nn_module_stack")}
+    keep = source_meta(node)
     (kh, kw), (sh, sw) = plan["k"], plan["stride"]
     cur, val = _padded(g, env[x], x.meta["val"], plan["padding"], keep)
     out = node.meta["val"]

@@ -14,9 +14,12 @@ is exact up to summation order.
 
 from __future__ import annotations
 
+import functools
 import math
 
 import torch
+
+from .rewrite_nodes import emit_node, source_meta
 
 __all__ = ["linear_as_2d"]
 
@@ -36,13 +39,8 @@ def linear_as_2d(node: torch.fx.Node, g: torch.fx.Graph, env: dict) -> torch.fx.
     out = node.meta.get("val")
     if xv is None or wv is None or out is None or xv.dim() <= 2 or wv.dim() != 2:
         return None
-    keep = {k: v for k, v in node.meta.items() if k in ("stack_trace", "nn_module_stack")}
+    emit = functools.partial(emit_node, g, keep=source_meta(node))
     rows, k, n = math.prod(int(d) for d in xv.shape[:-1]), int(xv.shape[-1]), int(wv.shape[0])
-
-    def emit(op, args, val):
-        new = g.call_function(op, args)
-        new.meta = {**keep, "val": val}
-        return new
 
     flat = emit(aten.reshape.default, (env[x], [rows, k]), xv.reshape(rows, k))
     mm = emit(aten.linear.default, (flat, env[w], env[b] if b is not None else None),
