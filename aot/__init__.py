@@ -29,7 +29,8 @@ __version__ = "0.1.0"
 
 def compile(model, args=(), *, example_kwargs=None, target: str = "cpu", fallback: str = "auto",
             fallback_ops=(), strict: bool = False, extra_flags=(),
-            profile: str = "default", placement: str = "auto", plan=None) -> CompiledModule:
+            profile: str = "default", placement: str = "auto", plan=None,
+            dynamic_shapes=None) -> CompiledModule:
     """Compile ``model`` for ``target`` and load it, ready to call.
 
     Args:
@@ -69,7 +70,7 @@ def compile(model, args=(), *, example_kwargs=None, target: str = "cpu", fallbac
         plan = read_plan(plan)
     policy = PlacementPolicy.make(fallback, fallback_ops, placement, plan)
     tgt = get_target(target, tuple(extra_flags), profile)
-    imported = import_model(model, args, example_kwargs, ImportOptions(strict=strict))
+    imported = import_model(model, args, example_kwargs, ImportOptions(strict=strict, dynamic_shapes=dynamic_shapes))
     # Compiling never needs the target device: without it, the module opens the
     # device on its first call (a clear error there) and can be saved meanwhile.
     import torch

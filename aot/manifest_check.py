@@ -67,10 +67,11 @@ def _tensor(d: Any, field: str) -> None:
     _need(isinstance(d, dict), field, "expected a tensor description (object)")
     _need(_one_of(d.get("dtype"), _DTYPES), f"{field}.dtype", f"unknown dtype {d.get('dtype')!r}")
     shape, strides = d.get("shape"), d.get("strides")
-    _need(isinstance(shape, list) and all(s is None or (_is_int(s) and s >= 0) for s in shape),
+    _need(isinstance(shape, list) and all(s is None or (_is_int(s) and s >= 0) or _size_expr(s)
+                                          for s in shape),
           f"{field}.shape", f"expected a list of sizes, got {shape!r}")
     _need(isinstance(strides, list) and len(strides) == len(shape)
-          and all(s is None or _is_int(s) for s in strides),
+          and all(s is None or _is_int(s) or _size_expr(s) for s in strides),
           f"{field}.strides", f"expected {len(shape)} integer strides, got {strides!r}")
     _need(_one_of(d.get("layout", "strided"), _LAYOUTS), f"{field}.layout",
           f"unknown layout {d.get('layout')!r}")
@@ -93,6 +94,32 @@ def _tensor(d: Any, field: str) -> None:
                 v = q.get(key)
                 _need(isinstance(v, list) and len(v) == n and all(ok(x) for x in v),
                       f"{field}.qparams.{key}", f"expected {n} values, one per channel")
+
+
+def _size_expr(s) -> bool:
+    """A symbolic size (``aot.symbolic``): an expression the runtime evaluates."""
+    from .symbolic import free_symbols
+    if not isinstance(s, str):
+        return False
+    try:
+        free_symbols(s)
+    except AotError:
+        return False
+    return True
+
+
+def _symbols(m: dict, inputs: list) -> None:
+    table = _typed(m, "symbols", dict, optional=True) or {}
+    for sym, e in table.items():
+        f = f"symbols.{sym}"
+        _need(isinstance(e, dict) and _is_int(e.get("min")) and _is_int(e.get("max"))
+              and e["min"] <= e["max"] and isinstance(e.get("binds"), list), f,
+              "expected {name, min, max, example, binds}")
+        for j, b in enumerate(e["binds"]):
+            ok = (isinstance(b, dict) and _is_int(b.get("input")) and _is_int(b.get("dim"))
+                  and 0 <= b["input"] < len(inputs) and isinstance(inputs[b["input"]], dict)
+                  and 0 <= b["dim"] < len(inputs[b["input"]].get("shape") or ()))
+            _need(ok, f"{f}.binds[{j}]", "expected {input, name, dim} naming an input dimension")
 
 
 def _static(v: Any, field: str) -> None:
@@ -305,6 +332,7 @@ def _checks(m: dict, constants_len: int) -> None:
     ex = m.get("executor")
     _need(ex is None or isinstance(ex, dict), "executor", "expected an object or null")
     _constants(m, constants_len)
+    _symbols(m, inputs)
     _host_program(m, len(inputs))
     for key, types in (("compile_seconds", (int, float)), ("folded_ops", int),
                        ("policy", dict), ("region", dict)):

@@ -10,6 +10,7 @@ without the compiler.
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass
 from functools import cached_property
 from typing import Any
@@ -97,12 +98,37 @@ def _untuple(v):
     return tuple(v) if isinstance(v, list) else v
 
 
-def _contiguous_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
-    strides, acc = [], 1
-    for s in reversed(shape):
-        strides.append(acc)
-        acc *= max(s, 1)
-    return tuple(reversed(strides))
+def _contiguous_strides(shape: tuple) -> tuple:
+    """Row-major strides; over symbolic sizes, expressions (``aot.symbolic``)."""
+    return _strides_in_order(shape, tuple(range(len(shape) - 1, -1, -1)))
+
+
+def _strides_in_order(shape: tuple, order: tuple[int, ...]) -> tuple:
+    """Dense strides with ``order[0]`` the fastest-varying dimension."""
+    if not any(isinstance(d, str) for d in shape):
+        strides, acc = [0] * len(shape), 1
+        for d in order:
+            strides[d] = acc
+            acc *= max(shape[d], 1)
+        return tuple(strides)
+    import sympy
+    strides, acc = [0] * len(shape), sympy.Integer(1)
+    for d in order:
+        strides[d] = _dim_text(acc)
+        acc = acc * sympy.sympify(shape[d])
+    return tuple(strides)
+
+
+def _dim_text(e):
+    """A sympy size as the manifest keeps it: an int, or its expression's text."""
+    return int(e) if getattr(e, "is_number", False) else str(e)
+
+
+def _symbolic_layout(spec: "TorchTensor", expect: tuple) -> bool:
+    """Symbolic strides equal to ``expect`` (size-1 dimensions aside)."""
+    import sympy
+    return all(n == 1 or sympy.simplify(sympy.sympify(s) - sympy.sympify(e)) == 0
+               for s, e, n in zip(spec.strides, expect, spec.shape))
 
 
 # Layouts the boundary describes: dense (strided) and torch's sparse formats.
@@ -122,14 +148,19 @@ class TorchTensor:
     then all ``None``: such a tensor never crosses into compiled code (the host
     runs its region, ``aot.lower.host_program``), and checks accept any size there.
 
+    A dimension or stride that follows a *symbol* of a dynamic artifact
+    (``dynamic_shapes``) is an expression over symbols, as text (``"s0"``,
+    ``"768*s1"``; ``aot.symbolic``): compiled code sees it as a dynamic dimension,
+    and :meth:`bind` gives the static spec of one call once the symbols are bound.
+
     Made by the importer (model inputs/outputs) and the partitioner (kernel-call
     operands/results); read by the runtime (input checks, output layout) and the
     fallback executor. Frozen: a spec read in one stage never changes under you.
     """
 
     dtype: str
-    shape: tuple[int, ...]
-    strides: tuple[int, ...]
+    shape: tuple[int | str | None, ...]
+    strides: tuple[int | str | None, ...]
     qparams: QuantParams | None = None
     layout: str = "strided"
 
@@ -145,12 +176,12 @@ class TorchTensor:
         A sparse tensor (``layout`` other than ``"strided"``) has no strides: they
         are all ``None``, and only the host (ATen) ever holds it.
         """
-        shape = tuple(_static_int(s) for s in t.shape)
+        shape = tuple(_dim(s) for s in t.shape)
         layout = _LAYOUT_NAMES.get(t.layout)
         if layout is None:
             raise InputMismatch(f"tensor layout {t.layout} is not supported at the boundary; "
                                 f"supported: {sorted(_LAYOUTS)}")
-        strides = (tuple(_static_int(s) for s in t.stride()) if layout == "strided"
+        strides = (tuple(_dim(s) for s in t.stride()) if layout == "strided"
                    else (None,) * len(shape))
         if None in shape or None in strides:
             strides = (None,) * len(shape)
@@ -167,13 +198,32 @@ class TorchTensor:
         return dtype_from_name(self.dtype)
 
     @property
-    def numel(self) -> int:
+    def numel(self) -> int | None:
+        """Elements; None where a size is symbolic or depends on the data."""
+        if self.is_dynamic or self.is_symbolic:
+            return None
         return math.prod(self.shape)
 
     @property
     def is_dynamic(self) -> bool:
-        """Some dimension is only known at run time."""
+        """Some dimension is only known at run time (depends on the data)."""
         return None in self.shape
+
+    @cached_property
+    def is_symbolic(self) -> bool:
+        """Some dimension or stride follows a symbol of a dynamic artifact."""
+        return any(isinstance(d, str) for d in self.shape + self.strides)
+
+    def bind(self, env: dict[str, int]) -> "TorchTensor":
+        """The static spec of one call: every symbolic size evaluated with ``env``."""
+        if not self.is_symbolic:
+            return self
+        from .symbolic import evaluate, free_symbols
+
+        def value(d):  # a size whose symbols no input bound stays an expression
+            return d if d is None or not free_symbols(d) <= env.keys() else evaluate(d, env)
+        return TorchTensor(self.dtype, tuple(value(d) for d in self.shape),
+                           tuple(value(d) for d in self.strides), self.qparams, self.layout)
 
     @cached_property
     def is_contiguous(self) -> bool:
@@ -182,6 +232,8 @@ class TorchTensor:
             return False
         if self.is_dynamic:
             return True  # whatever layout ATen gives it
+        if self.is_symbolic:
+            return _symbolic_layout(self, _contiguous_strides(self.shape))
         expect = _contiguous_strides(self.shape)
         return all(s == e or n <= 1 for s, e, n in zip(self.strides, expect, self.shape))
 
@@ -191,7 +243,11 @@ class TorchTensor:
             return self.layout
         if self.is_contiguous:
             return "contiguous"
-        if len(self.shape) == 4 and _same_layout(self, torch.channels_last):
+        if len(self.shape) == 4 and self.is_symbolic:
+            n, c, h, w = self.shape
+            if _symbolic_layout(self, _strides_in_order(self.shape, (1, 3, 2, 0))):
+                return "channels_last"
+        elif len(self.shape) == 4 and _same_layout(self, torch.channels_last):
             return "channels_last"
         return "strided"
 
@@ -295,14 +351,17 @@ class TorchTensor:
                            d.get("layout", "strided"))
 
 
-def _static_int(s) -> int | None:
-    """A size or stride as an int, or None when it is only known at run time."""
+def _dim(s) -> int | str | None:
+    """A size or stride: an int, an expression over the program's symbols (a size that
+    follows a ``dynamic_shapes`` dimension), or None when it depends on the data."""
     if isinstance(s, int):
         return s
-    try:
-        return int(s)  # a SymInt with a hint (static at export)
-    except Exception:  # an unbacked SymInt: data-dependent
-        return None
+    expr = s.node.expr
+    if expr.is_number:
+        return int(expr)
+    if not all(re.fullmatch(r"s\d+", str(f)) for f in expr.free_symbols):
+        return None  # not only input sizes (``s0``): data-dependent (``u0``)
+    return str(expr)
 
 
 def _same_layout(spec: TorchTensor, fmt: torch.memory_format) -> bool:

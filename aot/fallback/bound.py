@@ -2,6 +2,9 @@
 
 Static operands are decoded from the manifest's JSON once; per call only the
 run-time tensors and scalars are dropped into their places (a few list stores).
+A static operand holding symbolic sizes (a dynamic artifact's ``view`` sizes) is
+evaluated per call against ``symbols``, the binding the module made from that
+call's inputs (``HostModule.symbols``).
 """
 
 from __future__ import annotations
@@ -13,14 +16,16 @@ from .spec import SCALAR_PY, KernelCallSpec, ScalarArg, StaticArg, TensorArg, Te
 
 __all__ = ["BoundCall"]
 
-_TENSOR, _LIST, _SCALAR = 0, 1, 2
+_TENSOR, _LIST, _SCALAR, _SIZES = 0, 1, 2, 3
 
 
 class BoundCall:
     """``op(*args, **kwargs)`` for one spec, static operands decoded at construction."""
 
-    def __init__(self, spec: KernelCallSpec, op, device: torch.device):
+    def __init__(self, spec: KernelCallSpec, op, device: torch.device,
+                 symbols: dict | None = None):
         self.spec, self.op = spec, op
+        self.symbols = symbols if symbols is not None else {}
         self.args: list = []
         self.kwargs: dict = {}
         self.fills: list[tuple] = []  # (position or kwarg name, kind, payload)
@@ -28,6 +33,8 @@ class BoundCall:
             where = o.name if o.kwarg_only else len(self.args)
             if isinstance(o, StaticArg):
                 value = static_values.decode(o.value, device=device)
+                if static_values.has_sym_size(value):
+                    self.fills.append((where, _SIZES, value))
             else:
                 value = None
                 if isinstance(o, TensorArg):
@@ -60,6 +67,8 @@ class BoundCall:
                 v = tensors[p]
             elif kind == _LIST:
                 v = [None if i is None else tensors[i] for i in p]
+            elif kind == _SIZES:
+                v = static_values.resolve_sizes(p, self.symbols)
             else:
                 v = p[1](scalars[p[0]])
             if isinstance(where, int):

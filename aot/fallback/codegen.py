@@ -39,7 +39,8 @@ import types
 
 import torch
 
-from .bound import _LIST, _SCALAR, _TENSOR, BoundCall
+from . import static_values
+from .bound import _LIST, _SCALAR, _SIZES, _TENSOR, BoundCall
 
 __all__ = ["GroupFunction", "Member"]
 
@@ -130,6 +131,10 @@ class GroupFunction:
         for where, kind, p in b.fills:
             if kind == _TENSOR:
                 expr = self._tensor(i, m, p)
+            elif kind == _SIZES:  # symbolic sizes: evaluated with this call's binding
+                self.names.setdefault("_sizes", static_values.resolve_sizes)
+                self.names["_symbols"] = b.symbols
+                expr = f"_sizes({self._const(i, where, p)}, _symbols)"
             else:
                 assert kind == _LIST
                 expr = "[" + ", ".join("None" if s is None else self._tensor(i, m, s)

@@ -45,6 +45,9 @@ class HostModule:
     interface: "rt.PyModuleInterface"
     calls: int = field(default=0)
     functions: dict = field(default_factory=dict)  # key -> its _KernelCall
+    # a dynamic artifact's symbol binding for the call in progress (symbol -> int), set
+    # by the module from its inputs before each call; symbolic sizes read it
+    symbols: dict = field(default_factory=dict)
     # one slot per thread: IREE runs a host function on the thread that invoked the
     # module, so the error a kernel call raised belongs to that thread's call
     _slot: threading.local = field(default_factory=threading.local, repr=False)
@@ -175,7 +178,8 @@ class _KernelCall:
             warnings.warn(f"kernel call {spec.key} ({spec.qualified_name}) has no CUDA kernel in "
                           "ATen: it runs on the CPU with copies across devices", stacklevel=2)
         self.bound = (None if spec.is_group
-                      else BoundCall(spec, _resolve(spec, options), self.torch_device))
+                      else BoundCall(spec, _resolve(spec, options), self.torch_device,
+                                     host.symbols))
         self.call = None if spec.is_group else entry_point(self.bound.op)
         self.quantized_inputs = any(s.qparams is not None for s in spec.inputs)
         self.crossing_dtypes = [d for d, const in self.operand_plan if const is None]
@@ -191,8 +195,9 @@ class _KernelCall:
                        and all(t.torch_dtype == d for t, d in zip(spec.inputs,
                                                                  self.crossing_dtypes))
                        and driver.startswith("local"))
-        # per tensor result: (spec, shape, dtype ATen returns, storage dtype)
-        self.result_checks = [(r, torch.Size(r.shape), r.torch_dtype,
+        # per tensor result: (spec, shape, dtype ATen returns, storage dtype); a symbolic
+        # shape is None here, evaluated per call (``_dense_result``)
+        self.result_checks = [(r, None if r.is_symbolic else torch.Size(r.shape), r.torch_dtype,
                                dtype_from_name(r.storage_dtype)) for r in spec.results]
         # storages a result must not share: host-held constants' fixed ones, plus
         # the crossing operands' (taken per call)
@@ -212,7 +217,8 @@ class _KernelCall:
                 op = self.nhwc.op_for(m.op, op)
             weight = next((o for o in m.operands
                            if isinstance(o, TensorArg) and o.name == "weight"), None)
-            self.members.append((BoundCall(m, op, self.torch_device), m.op in CONV_OPS,
+            self.members.append((BoundCall(m, op, self.torch_device, self.host.symbols),
+                                 m.op in CONV_OPS,
                                  bool(weight and weight.constant),
                                  any(isinstance(o, TensorArg) and o.spec.qparams is not None
                                      for o in m.operands)
@@ -224,7 +230,10 @@ class _KernelCall:
         # quantized slots are adapted per member (quantized tensor or its integer storage)
         self.adapt = any(m[3] for m in self.members) or any(
             s.qparams is not None for s in self.spec.inputs)
-        if options.cuda_graphs and self.driver == "cuda" and not self.on_cpu:
+        symbolic = any(s.is_symbolic for s in self.spec.inputs)
+        if options.cuda_graphs and self.driver == "cuda" and not self.on_cpu and not symbolic:
+            # (a graph captured for one shape would be replayed for another: a dynamic
+            # artifact's groups run without CUDA graphs)
             held = [const is not None for _, const in self.operand_plan]  # same address every call
             self.region = GraphedRegion(self._run_members, held, self.spec.key)
 
@@ -358,6 +367,9 @@ class _KernelCall:
 
     def _dense_result(self, i: int, r, check, crossing) -> torch.Tensor:
         want, shape, dtype, storage = check
+        if shape is None:  # a symbolic shape: this call's sizes
+            want = want.bind(self.host.symbols)
+            shape = torch.Size(want.shape) if not want.is_symbolic else None
         if isinstance(r, torch.Tensor) and want.qparams is not None and r.is_quantized:
             # a quantized result is taken apart; its qparams must be the compiled ones
             try:
@@ -365,7 +377,7 @@ class _KernelCall:
             except InputMismatch as e:
                 raise KernelCallFailed(e.message, op=self.spec.qualified_name,
                                        location=self.spec.location) from None
-        if not isinstance(r, torch.Tensor) or r.shape != shape \
+        if not isinstance(r, torch.Tensor) or (shape is not None and r.shape != shape) \
                 or (r.dtype != dtype and r.dtype != storage):
             got = f"{r.dtype}{list(r.shape)}" if isinstance(r, torch.Tensor) else type(r).__name__
             raise KernelCallFailed(

@@ -100,8 +100,12 @@ class PackedConv:
         args, _ = self.conv.bind(env)
         x, w, b = args[0].contiguous(memory_format=torch.channels_last), args[1], args[2]
         if self.packed is None:
+            # a symbolic input shape (a dynamic artifact) packs for the first call's
+            # sizes; oneDNN reorders it again itself where another size wants another layout
+            shape = (list(x.shape) if any(isinstance(d, str) for d in self.input_shape)
+                     else self.input_shape)
             self.packed = torch.ops.mkldnn._reorder_convolution_weight(
-                w, self.padding, self.stride, self.dilation, self.groups, self.input_shape)
+                w, self.padding, self.stride, self.dilation, self.groups, shape)
         if self.other_slot is None:
             return torch.ops.mkldnn._convolution_pointwise(
                 x, self.packed, b, self.padding, self.stride, self.dilation, self.groups,
@@ -195,6 +199,7 @@ def _packable_linear(spec: KernelCallSpec) -> bool:
     x, w = _tensor_operand(spec, "input"), _tensor_operand(spec, "weight")
     b = _tensor_operand(spec, "bias")
     return (x is not None and w is not None and w.constant and len(w.spec.shape) == 2
+            and not x.spec.is_symbolic  # MKL packs for one batch size
             and x.spec.dtype == "float32" and w.spec.dtype == "float32"
             and (b is None or b.constant))
 

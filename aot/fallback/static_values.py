@@ -15,7 +15,14 @@ torch.dtype        ``{"dtype": "float32"}``
 torch.device       ``{"device": "cpu"}`` (re-targeted at load)
 torch.memory_format ``{"memory_format": "channels_last"}``
 torch.layout       ``{"layout": "strided"}``
+a symbolic size    ``{"size": "s0"}``, ``{"size": "4*s1"}`` (a dynamic artifact only)
 =================  ===========================================
+
+A *symbolic size* is an int that follows a ``dynamic_shapes`` dimension (a ``view``
+or ``expand`` size, a slice bound, an ``arange`` length): it is recorded as the
+expression over the program's symbols (``aot.symbolic``), never as the example's
+value, and decodes to a :class:`SymSize` that the kernel call evaluates on every
+call with the symbols bound from that call's model inputs.
 
 Anything else (a Python object, a tensor subclass, a callable) cannot be
 represented; :func:`encode` raises ``TypeError`` and the partitioner turns that
@@ -29,7 +36,43 @@ from typing import Any
 
 import torch
 
-__all__ = ["encode", "decode"]
+__all__ = ["encode", "decode", "SymSize", "has_sym_size", "resolve_sizes"]
+
+
+class SymSize:
+    """A recorded symbolic size: evaluated per call (``resolve_sizes``)."""
+
+    __slots__ = ("expr",)
+
+    def __init__(self, expr: str):
+        self.expr = expr
+
+    def __eq__(self, other):
+        return isinstance(other, SymSize) and other.expr == self.expr
+
+    def __hash__(self):
+        return hash(self.expr)
+
+    def __repr__(self):
+        return f"SymSize({self.expr!r})"
+
+
+def has_sym_size(value: Any) -> bool:
+    if isinstance(value, SymSize):
+        return True
+    return isinstance(value, (list, tuple)) and any(has_sym_size(v) for v in value)
+
+
+def resolve_sizes(value: Any, env: dict) -> Any:
+    """``value`` with every :class:`SymSize` evaluated against ``env`` (symbol -> int)."""
+    if isinstance(value, SymSize):
+        from ..symbolic import evaluate
+        return evaluate(value.expr, env)
+    if isinstance(value, list):
+        return [resolve_sizes(v, env) for v in value]
+    if isinstance(value, tuple):
+        return tuple(resolve_sizes(v, env) for v in value)
+    return value
 
 _MEMORY_FORMATS = {
     "contiguous_format": torch.contiguous_format, "channels_last": torch.channels_last,
@@ -49,6 +92,8 @@ def encode(value: Any) -> Any:
     """Encode one static value; raises TypeError for what cannot be represented."""
     if value is None or isinstance(value, (bool, int, str)):
         return value
+    if isinstance(value, SymSize):
+        return {"size": value.expr}
     if isinstance(value, float):
         return value if math.isfinite(value) else {"float": repr(value)}
     if isinstance(value, complex):
@@ -90,4 +135,6 @@ def decode(data: Any, *, device: torch.device | None = None) -> Any:
         return _MEMORY_FORMATS[v]
     if tag == "layout":
         return _LAYOUTS[v]
+    if tag == "size":
+        return SymSize(v)
     raise ValueError(f"unknown static value tag {tag!r}")

@@ -18,6 +18,7 @@ import torch.utils._pytree as pytree
 from ..errors import ExportFailed, UnsupportedOp
 from ..fallback import static_values
 from ..torch_tensor import TorchTensor
+from .dynamic import dim_names, symbol_table
 from .locations import node_location
 from .qdq import rewrite_qdq
 from .quantized import is_eager_quantized, rewrite_eager_quantized
@@ -32,9 +33,12 @@ class ImportOptions:
 
     Attributes:
         strict: use ``torch.export``'s strict (TorchDynamo) tracing; non-strict by default.
+        dynamic_shapes: what ``torch.export.export`` takes (``Dim``s per input
+            dimension): those dimensions stay symbolic through the whole pipeline.
     """
 
     strict: bool = False
+    dynamic_shapes: Any = None
 
 
 @dataclass(frozen=True)
@@ -66,6 +70,8 @@ class ImportedProgram:
     input_names: tuple[str, ...] = field(default=())
     mutations: tuple[dict, ...] = ()
     returns_input: tuple[int | None, ...] = ()
+    # dynamic_shapes: {symbol: {"name", "min", "max", "example", "binds"}} (aot.symbolic)
+    symbols: dict = field(default_factory=dict)
 
     def __post_init__(self):
         n_tensor = sum(isinstance(i, TorchTensor) for i in self.flat_inputs)
@@ -117,6 +123,10 @@ def import_model(model: torch.nn.Module, args: tuple, kwargs: dict | None = None
     names = _input_names(args, kwargs)
     flat_inputs = tuple(TorchTensor.from_tensor(x) if isinstance(x, torch.Tensor)
                         else ("static", _static_input(x, n)) for x, n in zip(flat, names))
+    symbols = symbol_table(ep, flat, names, dim_names(model, args, kwargs,
+                                                      options.dynamic_shapes))
+    if symbols:  # input specs from export's symbolic shapes, not the example's sizes
+        flat_inputs = _symbolic_inputs(ep, flat_inputs)
     outputs = _output_specs(ep)
     mutations, returns_input = _mutations(ep, flat)
     if boundary is not None:  # quantized inputs/outputs keep their dtype and qparams
@@ -125,7 +135,23 @@ def import_model(model: torch.nn.Module, args: tuple, kwargs: dict | None = None
         outputs = outputs[:len(mutations)] + tuple(boundary.outputs)
     return ImportedProgram(ep, flat_inputs, outputs, ep.call_spec.in_spec, ep.call_spec.out_spec,
                            name=name, input_names=names, mutations=mutations,
-                           returns_input=returns_input)
+                           returns_input=returns_input, symbols=symbols)
+
+
+def _symbolic_inputs(ep, flat_inputs: tuple) -> tuple:
+    """Tensor input specs with export's symbolic sizes (``dynamic_shapes``)."""
+    user = [n.meta.get("val") for n in ep.graph.nodes if n.op == "placeholder"
+            and n.name in {s.arg.name for s in ep.graph_signature.input_specs
+                           if s.kind.name == "USER_INPUT"}]
+    fakes = iter(v for v in user if isinstance(v, torch.Tensor))
+    out = []
+    for spec in flat_inputs:
+        if isinstance(spec, TorchTensor):
+            fake = next(fakes, None)
+            if fake is not None and spec.qparams is None:
+                spec = TorchTensor.from_tensor(fake)
+        out.append(spec)
+    return tuple(out)
 
 
 def _static_input(x, name: str):
@@ -197,11 +223,13 @@ def _export(model, args, kwargs, options, name) -> torch.export.ExportedProgram:
 
 def _export_modes(model, args, kwargs, options, name) -> torch.export.ExportedProgram:
     try:
-        ep = torch.export.export(model, args, kwargs, strict=options.strict)
+        ep = torch.export.export(model, args, kwargs, strict=options.strict,
+                                dynamic_shapes=options.dynamic_shapes)
     except Exception as e:  # torch raises many types here; all are the user's model
         other = not options.strict
         try:
-            ep = torch.export.export(model, args, kwargs, strict=other)
+            ep = torch.export.export(model, args, kwargs, strict=other,
+                                    dynamic_shapes=options.dynamic_shapes)
         except Exception as e2:
             hint = "rewrite data-dependent Python control flow with torch.cond"
             raise ExportFailed(

@@ -265,6 +265,7 @@ def _manifest(imported: ImportedProgram, target: Target, policy: PlacementPolicy
         "iree_version": _iree_version(),
         "inputs": inputs,
         "input_names": list(imported.input_names),
+        "symbols": imported.symbols,
         "outputs": [_output_json(o) for o in imported.outputs],
         "mutations": list(imported.mutations),
         "returns_input": list(imported.returns_input),

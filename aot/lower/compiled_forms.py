@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import torch
 
+from ..importer.dynamic import is_symbolic_value
 from .attention_rewrites import attention_as_matmuls
 from .conv_rewrites import conv_as_matmul, depthwise_as_shifts
 from .linear_rewrites import linear_as_2d
@@ -34,8 +35,15 @@ def emit(node: torch.fx.Node, g: torch.fx.Graph, env: dict) -> torch.fx.Node | N
     its result node; None when ``node`` compiles as it is (the caller copies it)."""
     if node.op != "call_function":
         return None
+    if _follows_symbols(node):
+        return None  # the forms read static sizes: a dynamic dimension keeps the op as written
     for rewrite in _REWRITES:
         new = rewrite(node, g, env)
         if new is not None:
             return new
     return None
+
+
+def _follows_symbols(node: torch.fx.Node) -> bool:
+    vals = [a.meta.get("val") for a in node.all_input_nodes] + [node.meta.get("val")]
+    return is_symbolic_value(vals)

@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
+
 import torch
 import torch.fx
 from torch.fx.node import map_aggregate
+
+from ..importer.dynamic import is_symbolic_value, meta_at_hints
 
 __all__ = ["node_flops"]
 
@@ -18,6 +22,12 @@ def node_flops(node: torch.fx.Node) -> int | None:
     if fake_mode is None or not isinstance(node.target, torch._ops.OpOverload):
         return None
     try:
+        if is_symbolic_value(list(torch.utils._pytree.tree_leaves((vals, kw)))):
+            # a dynamic program: counted at the example's sizes, on meta tensors, so
+            # that asking never specializes a symbol (a data-dependent size has no
+            # example value: no count)
+            vals, kw = map_aggregate((vals, kw), meta_at_hints)
+            fake_mode = contextlib.nullcontext()
         with fake_mode, FlopCounterMode(display=False) as counter:
             node.target(*vals, **kw)
     except Exception:  # a formula is a nicety, never a failure

@@ -27,7 +27,8 @@ _ELEMENT = {"float32": "f32", "float64": "f64", "float16": "f16", "bfloat16": "b
 
 
 def carried(spec: TorchTensor) -> bool:
-    """Compiled code can hold this tensor: a static shape and a builtin element type."""
+    """Compiled code can hold this tensor: no data-dependent size (a symbolic one is a
+    dynamic dimension) and a builtin element type."""
     return not spec.is_dynamic and spec.storage_dtype in _ELEMENT
 
 
@@ -41,7 +42,7 @@ def builtin_tensor_type(spec: TorchTensor) -> str:
         elem = _ELEMENT[spec.storage_dtype]  # quantized: its integer representation
     except KeyError:
         raise InternalError(f"no builtin element type for {spec.dtype}") from None
-    dims = "".join(f"{d}x" for d in spec.shape)
+    dims = "".join(f"{'?' if isinstance(d, str) else d}x" for d in spec.shape)  # ?: a symbol
     return f"tensor<{dims}{elem}>"
 
 

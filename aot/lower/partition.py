@@ -22,6 +22,7 @@ from ..fallback.quantized_ops import QUANT_OPERANDS
 from ..fallback.spec import (GROUP_OP, KernelCallSpec, ScalarArg, StaticArg, TensorArg,
                              TensorListArg, lacks_cuda_kernel)
 from ..importer.decompositions import decomposition_for
+from ..importer.dynamic import symbolic_sizes
 from ..importer.fx_import import DROP, import_graph, stateless_graph
 from ..importer.locations import node_location
 from ..importer.program import ImportedProgram
@@ -126,9 +127,15 @@ def partition(imported: ImportedProgram, target: Target,
     specs: list[KernelCallSpec] = []
     node_keys: dict[str, str] = {}
     consts = HostConstants()
-    grouping = _Grouping.find(ep, decided) if policy.group else _Grouping({}, {})
-    graph = stateless_graph(ep, lambda n, g, env: _rewrite(n, g, env, decided, specs, grouping,
-                                                          node_keys, consts))
+    sizes = _recorded_sizes(ep, decided)
+    for n in sizes:
+        decided[n] = (COMPILED, _SIZE_REASON)
+    placements = [dataclasses.replace(p, where=COMPILED, reason=_SIZE_REASON)
+                  if p.node in {n.name for n in sizes} else p for p in placements]
+    grouping = (_Grouping.find(ep, decided, sizes) if policy.group
+                else _Grouping({}, {}, frozenset(sizes)))
+    graph = stateless_graph(ep, lambda n, g, env: DROP if n in sizes else _rewrite(
+        n, g, env, decided, specs, grouping, node_keys, consts))
     whole = single_call(graph)
     module = outline_kernel_calls(import_graph(graph), specs)
     on_cpu = set()
@@ -149,6 +156,24 @@ def partition(imported: ImportedProgram, target: Target,
     return PartitionedProgram(imported, target, policy, placements, tuple(specs), str(module),
                               producers, consts.tensors,
                               None if whole is None else specs[whole].key)
+
+
+_SIZE_REASON = ("a size that follows a dynamic dimension: the kernel calls reading it "
+                "evaluate it from the call's input sizes")
+
+
+def _recorded_sizes(ep, decided: dict) -> frozenset:
+    """Size nodes of a dynamic program (``sym_size``, arithmetic on sizes) that only
+    kernel calls read: those record the size as an expression (``symbolic_sizes``), so
+    the node itself runs nowhere and ties no group to compiled code."""
+    out: set = set()
+    for n in reversed(list(_op_nodes(ep))):
+        if symbolic_sizes(n) is None:
+            continue
+        if n.users and all(u in out or decided.get(u, (COMPILED,))[0] == KERNEL_CALL
+                           for u in n.users):
+            out.add(n)
+    return frozenset(out)
 
 
 def single_call(graph: torch.fx.Graph) -> int | None:
@@ -385,9 +410,10 @@ class _Grouping:
 
     group_of: dict
     values: dict
+    skip: frozenset = frozenset()  # size nodes kernel calls record (``_recorded_sizes``)
 
     @staticmethod
-    def find(ep, decided) -> "_Grouping":
+    def find(ep, decided, skip: frozenset = frozenset()) -> "_Grouping":
         """Maximal runs of groupable kernel calls in graph order.
 
         A kernel call joins the open group unless it reads a value produced by
@@ -398,23 +424,25 @@ class _Grouping:
         sig = ep.graph_signature
         held = {*sig.inputs_to_parameters, *sig.inputs_to_buffers,
                 *sig.inputs_to_lifted_tensor_constants}  # host-held: do not cross
-        groups, cur, after, width = [], [], set(), _Width(held)
+        groups, cur, after, width = [], [], set(), _Width(held, skip)
         for n in _op_nodes(ep):
+            if n in skip:
+                continue
             if decided.get(n, (COMPILED,))[0] == KERNEL_CALL and _groupable(n):
-                deps = {_source(a) for a in n.all_input_nodes}
+                deps = {_source(a) for a in n.all_input_nodes if a not in skip}
                 if cur and not deps & after and width.admits(n):
                     cur.append(n)
                     width.add(n)
                     continue
                 if len(cur) > 1:
                     groups.append(cur)
-                cur, after, width = [n], set(), _Width(held)
+                cur, after, width = [n], set(), _Width(held, skip)
                 width.add(n)
             elif cur:
                 after.add(n)
         if len(cur) > 1:
             groups.append(cur)
-        return _Grouping({m: tuple(grp) for grp in groups for m in grp}, {})
+        return _Grouping({m: tuple(grp) for grp in groups for m in grp}, {}, skip)
 
 
 class _Width:
@@ -425,8 +453,8 @@ class _Width:
     member reading a result takes it off the count).
     """
 
-    def __init__(self, held: set):
-        self.held, self.members = held, set()
+    def __init__(self, held: set, skip: frozenset = frozenset()):
+        self.held, self.members, self.skip = held, set(), skip
         self.ins: set = set()
         self.outs: set = set()  # (member, result index)
 
@@ -434,16 +462,17 @@ class _Width:
         members = self.members
         members.add(n)  # tentatively (sets of at most 60 are copied, the members never)
         try:
-            ins = self.ins | {a for a in n.all_input_nodes
-                              if _source(a) not in members and a.name not in self.held}
+            ins = self.ins | {a for a in n.all_input_nodes if _source(a) not in members
+                              and a.name not in self.held and a not in self.skip}
             outs = set(self.outs)
             for a in n.all_input_nodes:
                 src = _source(a)
                 if src is not n and src in members:
                     r = a.args[1] if a is not src else 0
-                    if (src, r) in outs and not _used_outside(src, r, members):
+                    if (src, r) in outs and not _used_outside(src, r, members | self.skip):
                         outs.discard((src, r))
-            outs |= {(n, r) for r in range(_n_results(n)) if _used_outside(n, r, members)}
+            outs |= {(n, r) for r in range(_n_results(n))
+                     if _used_outside(n, r, members | self.skip)}
         finally:
             members.discard(n)
         return ins, outs
@@ -476,7 +505,8 @@ def _groupable(n: torch.fx.Node) -> bool:
     flat = torch.fx.node.map_aggregate((n.args, n.kwargs), lambda a: a)
     nodes = []
     torch.fx.node.map_arg(flat, nodes.append)
-    return not any(_scalar_kind(a) for a in nodes)
+    # a size that follows a symbol is recorded, not read (``symbolic_sizes``)
+    return not any(_scalar_kind(a) and symbolic_sizes(a) is None for a in nodes)
 
 
 def _used_outside(n: torch.fx.Node, r: int, members: set) -> bool:
@@ -531,7 +561,7 @@ def _emit_group(members, g, env, decided, specs, grouping, node_keys, consts) ->
             ops.append(o)
         specs_out.append(dataclasses.replace(spec, operands=tuple(ops), inputs=(), constants=()))
     outputs = [(m, r) for m in members for r in range(_n_results(m))
-               if _used_outside(m, r, member_set)]
+               if _used_outside(m, r, member_set | grouping.skip)]
     out_specs, out_vals, out_slots = [], [], []
     for m, r in outputs:
         spec = specs_out[members.index(m)]
@@ -631,6 +661,10 @@ def _kernel_call_spec(node, env, key, reason, consts: HostConstants):
         elif isinstance(value, (list, tuple)) and any(_tensor_val(v) is not None for v in value):
             recorded.append(TensorListArg(arg.name, tuple(
                 None if v is None else add_tensor(v) for v in value), kw))
+        elif (sizes := symbolic_sizes(value)) is not None:
+            # sizes that follow a dynamic dimension: recorded as expressions over the
+            # program's symbols, evaluated per call (the static-value contract's "size")
+            recorded.append(StaticArg(arg.name, str(arg.type), static_values.encode(sizes), kw))
         elif _scalar_kind(value) is not None:
             scalars.append(env[value])
             scalar_kinds.append(_scalar_kind(value))

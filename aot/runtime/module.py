@@ -19,6 +19,7 @@ import iree.runtime as rt
 from ..artifact import CompiledArtifact, load_artifact
 from ..manifest_check import reading
 from ..errors import AotError, ArtifactError, InputMismatch, KernelCallFailed
+from ..symbolic import bind_inputs
 from ..fallback import static_values
 from ..fallback.executor import ExecOptions, HostModule, make_host_module
 from ..fallback.host_program import HostProgram
@@ -70,6 +71,8 @@ class CompiledModule:
         self.outputs_static = [static_values.decode(o[1]) if isinstance(o, tuple)
                                and o[0] == "static" else None for o in self.outputs]
         self.mutations = m.get("mutations") or []
+        # a dynamic artifact's symbols (aot.symbolic): bound from the inputs on every call
+        self.symbols = m.get("symbols") or {}
         self.returns_input = m.get("returns_input") or []
         self._out_storage = [dtype_from_name(o.storage_dtype) for o in self._tensor_outputs]
         self.in_spec = pytree.treespec_loads(m["in_spec"])
@@ -161,13 +164,20 @@ class CompiledModule:
                 raise InputMismatch(self._structure_error(args, kwargs)) from None
         if self.host is None:  # compiled where the target device is absent: open it now
             self._open()
-        dense = self._dense_inputs(flat)
+        inputs, outputs = self.inputs, self._tensor_outputs
+        if self.symbols:  # this call's sizes: the symbols bound, range and agreement checked
+            env = bind_inputs(self.symbols, inputs, flat, self.input_names)
+            self.host.symbols.clear()  # what the kernel calls' symbolic sizes read
+            self.host.symbols.update(env)
+            inputs = [i.bind(env) if isinstance(i, TorchTensor) else i for i in inputs]
+            outputs = [o.bind(env) for o in outputs]
+        dense = self._dense_inputs(flat, inputs)
         if self.program is not None:  # one ATen region: eager's values, eager's layouts
             self.host.calls += 1
             return self._user_outputs(flat, self.program.run(self._program_inputs(flat)))
         if self._direct is not None:  # a program that is one kernel call: no VM
             outs = [self._finish(t, i, o) for i, (t, o) in
-                    enumerate(zip(self._direct.run_tensors(dense), self._tensor_outputs))]
+                    enumerate(zip(self._direct.run_tensors(dense), outputs))]
         else:
             arg_list = rt.VmVariantList(len(dense))
             for t, name in zip(dense, self._tensor_names):
@@ -175,7 +185,7 @@ class CompiledModule:
             results = rt.VmVariantList(len(self._tensor_outputs))
             sync_torch(self.driver)  # inputs torch is still writing on its stream
             self._invoke(arg_list, results)
-            outs = [self._output(results, i, o) for i, o in enumerate(self._tensor_outputs)]
+            outs = [self._output(results, i, o) for i, o in enumerate(outputs)]
         if not self._plain:
             return self._user_outputs(flat, self._leaves(outs))
         return outs[0] if self._one_out else _unflatten(outs, self.out_spec)
@@ -218,11 +228,11 @@ class CompiledModule:
                 outs[j] = flat[k]
         return outs[0] if self._one_out else _unflatten(outs, self.out_spec)
 
-    def _dense_inputs(self, flat) -> list[torch.Tensor]:
-        """Check every input; the tensors as compiled code holds them (dense, storage
-        form), none for a host program."""
+    def _dense_inputs(self, flat, inputs: list) -> list[torch.Tensor]:
+        """Check every input against ``inputs`` (this call's specs); the tensors as
+        compiled code holds them (dense, storage form), none for a host program."""
         dense = []
-        for leaf, want, name in zip(flat, self.inputs, self.input_names):
+        for leaf, want, name in zip(flat, inputs, self.input_names):
             if isinstance(want, TorchTensor):
                 want.check(leaf, name, self.strict_layout)
                 if leaf.device.type != self.torch_device.type or (

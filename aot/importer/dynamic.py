@@ -1,0 +1,191 @@
+"""The symbols of a program exported with ``dynamic_shapes``, for the manifest.
+
+``symbol_table`` reads the exported program's range constraints and the model
+inputs' fake shapes: one entry per symbol with its range, its example value, the
+user's name for it (the ``torch.export.Dim``'s, where the dynamic-shapes spec
+names one) and the input dimensions that bind it at run time (``aot.symbolic``).
+"""
+
+from __future__ import annotations
+
+import inspect
+import math
+import re
+
+import torch
+import torch.fx
+
+from ..errors import ExportFailed
+
+__all__ = ["symbol_table", "dim_names", "symbolic_sizes", "is_symbolic_value", "hint",
+           "meta_at_hints"]
+
+# a range end torch leaves open (int_oo) is written as this many elements
+_UNBOUNDED = 2 ** 62
+
+
+def _end(v, default: int) -> int:
+    try:
+        f = float(v)
+    except (TypeError, ValueError):
+        return default
+    return default if math.isinf(f) else int(f)
+
+
+def symbol_table(ep: torch.export.ExportedProgram, flat: list, names: tuple[str, ...],
+                 dim_names: dict[tuple[int, int], str]) -> dict:
+    """``{symbol: {"name", "min", "max", "example", "binds": [...]}}``; ``{}`` for a
+    static program. ``flat``: the example input leaves, ``names`` theirs."""
+    user = [s.arg.name for s in ep.graph_signature.input_specs if s.kind.name == "USER_INPUT"]
+    vals = {n.name: n.meta.get("val") for n in ep.graph.nodes if n.op == "placeholder"}
+    table: dict[str, dict] = {}
+    # backed symbols only: an unbacked one (``u0``) is a size the data decides (nonzero)
+    ranges = {str(k): v for k, v in ep.range_constraints.items() if not _unbacked(str(k))}
+    tensor_leaf = [i for i, x in enumerate(flat) if isinstance(x, torch.Tensor)]
+    if len(user) != len(flat):
+        user_of_leaf = dict(zip(tensor_leaf, [u for u in user
+                                              if isinstance(vals.get(u), torch.Tensor)]))
+    else:
+        user_of_leaf = dict(enumerate(user))
+    for leaf, ph in user_of_leaf.items():
+        v = vals.get(ph)
+        if not isinstance(v, torch.Tensor):
+            continue
+        for d, size in enumerate(v.shape):
+            if not isinstance(size, torch.SymInt):
+                continue
+            expr = size.node.expr
+            if not expr.is_symbol:
+                continue  # a derived size (2*s0): checked once its symbols are bound
+            sym = str(expr)
+            r = ranges.get(sym)
+            entry = table.setdefault(sym, {
+                "name": dim_names.get((leaf, d), sym),
+                "min": _end(r.lower, 0) if r is not None else 0,
+                "max": _end(r.upper, _UNBOUNDED) if r is not None else _UNBOUNDED,
+                "example": int(flat[leaf].shape[d]), "binds": []})
+            entry["binds"].append({"input": leaf, "name": names[leaf], "dim": d})
+    missing = set(ranges) - set(table)
+    if missing:
+        raise ExportFailed(f"dynamic_shapes: the symbol(s) {sorted(missing)} are not the "
+                           "size of any input dimension, so no call could set them; "
+                           "make each Dim the size of an input dimension")
+    return table
+
+
+def dim_names(model, args: tuple, kwargs: dict, dynamic_shapes) -> dict[tuple[int, int], str]:
+    """``(flat input leaf, dim) -> the Dim's name`` where ``dynamic_shapes`` names one.
+
+    ``dynamic_shapes`` is what ``torch.export`` takes: a tuple/list following ``args``
+    (then ``kwargs`` by name), or a dict keyed by ``forward``'s parameter names; per
+    tensor a dict ``{dim: Dim}`` or a list with a ``Dim`` or None per dimension.
+    Anything else (nested inputs) is named by its symbol only.
+    """
+    if dynamic_shapes is None:
+        return {}
+    if isinstance(dynamic_shapes, dict):
+        try:
+            bound = inspect.signature(model.forward).bind(*args, **kwargs)
+        except (TypeError, ValueError):
+            return {}
+        per_input = [dynamic_shapes.get(k) for k in bound.arguments]
+        leaves = list(bound.arguments.values())
+    else:
+        per_input = list(dynamic_shapes) + [None] * len(kwargs)
+        leaves = list(args) + list(kwargs.values())
+    out, flat_i = {}, 0
+    for leaf, spec in zip(leaves, per_input):
+        if not isinstance(leaf, torch.Tensor):
+            return out  # a nested or non-tensor leaf: flat positions no longer line up
+        items = spec.items() if isinstance(spec, dict) else (
+            enumerate(spec) if isinstance(spec, (list, tuple)) else ())
+        for d, dim in items:
+            name = getattr(dim, "__name__", None)
+            if isinstance(d, int) and isinstance(name, str) and name not in ("AUTO", "DYNAMIC",
+                                                                             "STATIC"):
+                out[(flat_i, d % leaf.dim())] = name
+        flat_i += 1
+    return out
+
+
+def _unbacked(name: str) -> bool:
+    """Not a size symbol of the inputs: torch names those ``s0``, ``s1``...; a value the
+    data decides is ``u0`` (an int) or ``zuf0`` (a float)."""
+    return not re.fullmatch(r"s\d+", name)
+
+
+def _backed_expr(v):
+    """The sympy expression of a SymInt that follows input symbols (not data), or None."""
+    if not isinstance(v, torch.SymInt):
+        return None
+    expr = v.node.expr
+    if expr.is_number or any(_unbacked(str(f)) for f in expr.free_symbols):
+        return None
+    return expr
+
+
+def symbolic_sizes(value):
+    """An FX operand (a node holding a SymInt, or a list of sizes with such nodes) as the
+    static-value contract records it (``SymSize`` where a size follows a symbol), or None
+    when it holds no symbolic size or holds something else only known at run time."""
+    from ..fallback.static_values import SymSize
+
+    def one(a):
+        if isinstance(a, torch.fx.Node):
+            v = a.meta.get("val")
+            if isinstance(v, int) and not isinstance(v, bool):
+                return v
+            expr = _backed_expr(v)
+            if expr is None:
+                raise LookupError
+            return SymSize(str(expr))
+        if isinstance(a, torch.SymInt):
+            expr = _backed_expr(a)
+            if expr is None:
+                raise LookupError
+            return SymSize(str(expr))
+        return a
+    try:
+        if isinstance(value, (list, tuple)):
+            out = [one(a) for a in value]
+            if not any(isinstance(a, SymSize) for a in out):
+                return None
+            return tuple(out) if isinstance(value, tuple) else out
+        out = one(value)
+        return out if isinstance(out, SymSize) else None
+    except LookupError:
+        return None
+
+
+def is_symbolic_value(v) -> bool:
+    """A fake tensor (or SymInt, or a list of them) with a size that follows a symbol."""
+    if isinstance(v, torch.Tensor):
+        return any(isinstance(d, torch.SymInt) and not d.node.expr.is_number
+                   for d in (*v.shape, *v.stride()))
+    if isinstance(v, torch.SymInt):
+        return not v.node.expr.is_number
+    if isinstance(v, (list, tuple)):
+        return any(is_symbolic_value(x) for x in v)
+    return False
+
+
+def hint(d) -> int:
+    """A size at the example inputs (a SymInt's hint), never adding a guard."""
+    if not isinstance(d, torch.SymInt):
+        return int(d)
+    h = d.node.hint
+    if h is not None:
+        return int(h)
+    return int(d.node.shape_env.size_hint(d.node.expr))
+
+
+def meta_at_hints(v):
+    """A (fake) tensor as a meta tensor of the example's sizes (to ask torch about an op
+    at those sizes, e.g. its FLOPs, without touching the symbols); a SymInt as its
+    example value; other values as they are."""
+    if isinstance(v, torch.Tensor):
+        return torch.empty_strided([hint(d) for d in v.shape], [hint(d) for d in v.stride()],
+                                   dtype=v.dtype, device="meta")
+    if isinstance(v, torch.SymInt):
+        return hint(v)
+    return v

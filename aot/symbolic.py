@@ -1,0 +1,137 @@
+"""Symbolic dimensions: the sizes a dynamic artifact takes at run time.
+
+A program exported with ``dynamic_shapes`` has *symbols* (torch's ``s0``, ``s1``...),
+each with a range and a name (the user's ``Dim``). A ``TorchTensor`` dimension or
+stride that follows a symbol is an *expression* over symbols, kept as text
+(``"s0"``, ``"768*s1"``, ``"FloorDiv(s0, 2)"``). At run time the symbols are bound
+from the model's inputs (:func:`bind_inputs`: range and agreement checked, errors
+name the input, the dimension, the symbol and its range) and every expression is
+evaluated against that binding (:func:`evaluate`). This module imports no compiler
+and no torch: the runtime and the manifest checks use it.
+
+The manifest's ``symbols`` entry, one per symbol::
+
+    {"s0": {"name": "batch", "min": 1, "max": 64, "example": 2,
+            "binds": [{"input": 0, "name": "args[0]", "dim": 0}]}}
+
+``binds`` lists every model-input dimension that *is* the symbol (the ones that
+set it at run time); ``example`` is its value in the example inputs (where
+placement was measured).
+"""
+
+from __future__ import annotations
+
+import ast
+import functools
+import math
+
+from .errors import ArtifactError, InputMismatch
+
+__all__ = ["Dim", "evaluate", "free_symbols", "bind_inputs", "is_symbolic", "range_text"]
+
+Dim = int | str  # a static size, or an expression over symbols
+
+
+def is_symbolic(d) -> bool:
+    return isinstance(d, str)
+
+
+def _floordiv(a, b):
+    return a // b
+
+
+def _ceildiv(a, b):
+    return -(-a // b)
+
+
+# the functions torch's sizes print with (torch.utils._sympy.functions), by name
+_FUNCTIONS = {
+    "FloorDiv": _floordiv, "CeilDiv": _ceildiv, "Mod": lambda a, b: a % b,
+    "PythonMod": lambda a, b: a % b, "Max": max, "Min": min, "floor": math.floor,
+    "ceiling": math.ceil, "CleanDiv": _floordiv, "IntTrueDiv": lambda a, b: a / b,
+    "TruncToInt": int, "FloorToInt": math.floor, "CeilToInt": math.ceil,
+}
+_BINOPS = {ast.Add: lambda a, b: a + b, ast.Sub: lambda a, b: a - b,
+           ast.Mult: lambda a, b: a * b, ast.FloorDiv: _floordiv,
+           ast.Mod: lambda a, b: a % b, ast.Pow: lambda a, b: a ** b,
+           ast.Div: lambda a, b: a / b}
+
+
+@functools.lru_cache(maxsize=4096)
+def _parse(expr: str) -> ast.AST:
+    try:
+        return ast.parse(expr, mode="eval").body
+    except SyntaxError as e:
+        raise ArtifactError(f"symbolic size {expr!r} is not an expression: {e}") from None
+
+
+def _eval(node: ast.AST, env: dict, expr: str):
+    if isinstance(node, ast.Constant) and isinstance(node.value, (int, float)):
+        return node.value
+    if isinstance(node, ast.Name):
+        if node.id not in env:
+            raise ArtifactError(f"symbolic size {expr!r} names {node.id!r}, which no input binds")
+        return env[node.id]
+    if isinstance(node, ast.BinOp) and type(node.op) in _BINOPS:
+        return _BINOPS[type(node.op)](_eval(node.left, env, expr), _eval(node.right, env, expr))
+    if isinstance(node, ast.UnaryOp) and isinstance(node.op, (ast.USub, ast.UAdd)):
+        v = _eval(node.operand, env, expr)
+        return -v if isinstance(node.op, ast.USub) else v
+    if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) \
+            and node.func.id in _FUNCTIONS and not node.keywords:
+        return _FUNCTIONS[node.func.id](*(_eval(a, env, expr) for a in node.args))
+    raise ArtifactError(f"symbolic size {expr!r}: {ast.dump(node)[:60]} is not a size "
+                        "expression this runtime evaluates")
+
+
+def evaluate(d: Dim, env: dict[str, int]) -> int:
+    """The value of a size (an int, or an expression over bound symbols)."""
+    if not isinstance(d, str):
+        return d
+    v = _eval(_parse(d), env, d)
+    return int(v)
+
+
+def free_symbols(d: Dim) -> set[str]:
+    if not isinstance(d, str):
+        return set()
+    return {n.id for n in ast.walk(_parse(d)) if isinstance(n, ast.Name)
+            and n.id not in _FUNCTIONS}
+
+
+def range_text(sym: str, entry: dict) -> str:
+    name = entry.get("name") or sym
+    return f"{name} in {entry['min']}..{entry['max']}"
+
+
+def bind_inputs(symbols: dict, specs, leaves, names) -> dict[str, int]:
+    """Each symbol's value in this call, read from the input dimensions that bind it.
+
+    ``specs``/``leaves``/``names``: the manifest's input specs (TorchTensor or a
+    static entry), the caller's leaves and their names, in flat order.
+
+    Raises:
+        InputMismatch: a dimension outside its symbol's range, two dimensions of one
+            symbol that disagree, or an input whose rank differs from the compiled one.
+    """
+    env: dict[str, int] = {}
+    first: dict[str, str] = {}
+    for sym, entry in symbols.items():
+        for b in entry["binds"]:
+            leaf, name = leaves[b["input"]], b["name"]
+            shape = getattr(leaf, "shape", None)
+            spec = specs[b["input"]]
+            if shape is None or len(shape) != len(spec.shape):
+                continue  # the input's own check names what is wrong with it
+            got = int(shape[b["dim"]])
+            where = f"{name} dimension {b['dim']}"
+            if not entry["min"] <= got <= entry["max"]:
+                raise InputMismatch(f"{where} is {got}, outside the range it was compiled "
+                                    f"for: {range_text(sym, entry)} (symbol {sym})")
+            if sym in env and env[sym] != got:
+                raise InputMismatch(f"{where} is {got}, but {first[sym]} is {env[sym]}: both "
+                                    f"are the symbol {entry.get('name') or sym} "
+                                    f"({range_text(sym, entry)}) and must agree")
+            env.setdefault(sym, got)
+            first.setdefault(sym, where)
+    return env
