@@ -51,6 +51,49 @@ def _parse_shape(text: str) -> tuple[int, ...]:
         raise SystemExit(f"aot: --input-shape {text!r} should be comma-separated ints, e.g. 1,3,224,224")
 
 
+def parse_dynamic(specs: list[str], model, n_inputs: int):
+    """``--dynamic`` entries as ``torch.export``'s ``dynamic_shapes`` (a tuple per input).
+
+    Each entry is ``INPUT:DIM=NAME[:MIN..MAX]``: INPUT is a positional index or the name
+    of ``forward``'s parameter, DIM a dimension index, NAME the symbol (entries with the
+    same NAME share it); the range goes on the NAME's first entry.
+    """
+    import inspect
+    from torch.export import Dim
+    if not specs:
+        return None
+    try:
+        params = [p for p in inspect.signature(model.forward).parameters]
+    except (TypeError, ValueError):
+        params = []
+    per_input: list[dict] = [{} for _ in range(n_inputs)]
+    dims: dict = {}
+    for text in specs:
+        bad = f"aot: --dynamic {text!r}: expected INPUT:DIM=NAME:MIN..MAX, e.g. x:0=batch:1..64"
+        where, _, what = text.partition("=")
+        inp, _, dim = where.partition(":")
+        name, _, rng = what.partition(":")
+        if not (inp and dim and name) or not dim.lstrip("-").isdigit() \
+                or not name.isidentifier():
+            raise SystemExit(bad)
+        idx = int(inp) if inp.isdigit() else (params.index(inp) if inp in params else None)
+        if idx is None or idx >= n_inputs:
+            raise SystemExit(f"aot: --dynamic {text!r}: no input {inp!r} (inputs: "
+                             f"{', '.join(params[:n_inputs]) or n_inputs} by name or index)")
+        if rng:
+            lo, sep, hi = rng.partition("..")
+            if not sep or not lo.isdigit() or not hi.isdigit() or int(lo) > int(hi):
+                raise SystemExit(bad)
+            if name in dims:
+                raise SystemExit(f"aot: --dynamic {text!r}: {name} already has a range")
+            dims[name] = Dim(name, min=int(lo), max=int(hi))
+        elif name not in dims:
+            raise SystemExit(f"aot: --dynamic {text!r}: give {name}'s range on its first entry "
+                             f"({name}:MIN..MAX)")
+        per_input[idx][int(dim)] = dims[name]
+    return tuple(d or None for d in per_input)
+
+
 def _model_and_inputs(args):
     import torch
     made = _load_factory(args.model)()
@@ -89,7 +132,9 @@ def cmd_compile(args) -> int:
     model, example = _model_and_inputs(args)
     t0 = time.perf_counter()
     _step(f"exporting {type(model).__name__} ...")
-    imported = import_model(model, example, options=ImportOptions(strict=args.strict))
+    dynamic = parse_dynamic(args.dynamic, model, len(example))
+    imported = import_model(model, example, options=ImportOptions(strict=args.strict,
+                                                                  dynamic_shapes=dynamic))
     if args.emit == "torch":
         print(torch_mlir(imported))
         return 0
@@ -120,8 +165,10 @@ def _random_inputs(module):
     import torch.utils._pytree as pytree
     gen = torch.Generator().manual_seed(0)
     leaves = []
+    sizes = {sym: e["example"] for sym, e in module.symbols.items()}  # the example's sizes
     for spec in module.inputs:
         if isinstance(spec, TorchTensor):
+            spec = spec.bind(sizes)
             dt = spec.torch_dtype
             t = (torch.randn(spec.shape, generator=gen).to(dt) if dt.is_floating_point
                  else torch.randint(0, 100, spec.shape, generator=gen, dtype=dt))
@@ -247,6 +294,10 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--placement", default="auto",
                    help="auto (heavy ops where they measure faster) or coverage")
     c.add_argument("--strict", action="store_true", help="torch.export strict mode")
+    c.add_argument("--dynamic", action="append", default=[], metavar="INPUT:DIM=NAME:MIN..MAX",
+                   help="a dynamic dimension, e.g. x:0=batch:1..64 (input by name or "
+                   "index; repeat, the same NAME shares the size); one artifact serves "
+                   "every size in range")
     c.add_argument("--plan", help="reuse the placement decisions saved by --save-plan "
                                   "(instead of measuring)")
     c.add_argument("--save-plan", help="write this compile's placement decisions (JSON)")

@@ -37,6 +37,15 @@ def format_report(manifest: dict) -> str:
         f"ops: {total} total, {s['ops_compiled']} compiled by IREE, "
         f"{s['ops_fallback']} kernel calls into ATen",
     ]
+    symbols = manifest.get("symbols") or {}
+    if symbols:
+        dims = "; ".join(
+            f"{e.get('name') or sym} in {e['min']}..{e['max']} ("
+            + ", ".join(f"{b['name']} dim {b['dim']}" for b in e["binds"]) + ")"
+            for sym, e in symbols.items())
+        example = ", ".join(f"{e.get('name') or sym}={e['example']}" for sym, e in symbols.items())
+        lines.append(f"dynamic shapes: {dims}; one artifact serves every size in range. "
+                     f"Costs and regions were measured at the example's sizes ({example})")
     if manifest.get("folded_ops"):
         lines.append(f"{manifest['folded_ops']} op(s) read only constants: computed once at "
                      "compile time and stored as constants (not counted above)")

@@ -19,10 +19,13 @@ class EncoderLayer(nn.Module):
         self.ff2 = nn.Linear(ffn, hidden)
         self.ln2 = nn.LayerNorm(hidden)
 
-    def forward(self, x):
+    def forward(self, x, bias=None):
         b, s, h = x.shape
         q, k, v = self.qkv(x).view(b, s, 3, self.heads, h // self.heads).permute(2, 0, 3, 1, 4)
-        att = torch.softmax(q @ k.transpose(-1, -2) / math.sqrt(h // self.heads), dim=-1)
+        scores = q @ k.transpose(-1, -2) / math.sqrt(h // self.heads)
+        if bias is not None:  # (b, 1, 1, s): -10000 on padded keys
+            scores = scores + bias
+        att = torch.softmax(scores, dim=-1)
         ctx = (att @ v).transpose(1, 2).reshape(b, s, h)
         x = self.ln1(x + self.out(ctx))
         return self.ln2(x + self.ff2(nn.functional.gelu(self.ff1(x))))
@@ -36,17 +39,20 @@ class BertEncoder(nn.Module):
         self.ln = nn.LayerNorm(hidden)
         self.layers = nn.ModuleList(EncoderLayer(hidden, heads, ffn) for _ in range(layers))
 
-    def forward(self, ids):
+    def forward(self, ids, mask=None):
+        """``ids`` (batch, seq) int64; ``mask`` (batch, seq), 1 for tokens, 0 for padding."""
         pos = torch.arange(ids.shape[1], device=ids.device)
         x = self.ln(self.tok(ids) + self.pos(pos))
+        bias = None if mask is None else (1.0 - mask[:, None, None, :].to(x.dtype)) * -10000.0
         for layer in self.layers:
-            x = layer(x)
+            x = layer(x, bias)
         return x
 
 
-def bert_encoder(seq: int = 128, seed: int = 0):
-    """``(model, (ids,))`` with int64 token ids of shape (1, seq)."""
+def bert_encoder(seq: int = 128, seed: int = 0, max_len: int = 128):
+    """``(model, (ids,))`` with int64 token ids of shape (1, seq); positions up to
+    ``max(seq, max_len)``."""
     torch.manual_seed(seed)
-    m = BertEncoder(max_len=max(seq, 128)).eval()
+    m = BertEncoder(max_len=max(seq, max_len)).eval()
     g = torch.Generator().manual_seed(seed)
     return m, (torch.randint(0, 1000, (1, seq), generator=g),)

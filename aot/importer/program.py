@@ -232,6 +232,14 @@ def _export_modes(model, args, kwargs, options, name) -> torch.export.ExportedPr
                                     dynamic_shapes=options.dynamic_shapes)
         except Exception as e2:
             hint = "rewrite data-dependent Python control flow with torch.cond"
+            if options.dynamic_shapes is not None and "Constraints violated" in str(e2):
+                hint = ("dynamic_shapes: torch.export fixed a dimension declared dynamic; an "
+                        "example size of 0 or 1 is always fixed (give an example of at least "
+                        "2), and a model that compares the size to a constant or ties it to "
+                        "another size fixes it too (TORCH_LOGS=+dynamic says where)")
+                fixes = _suggested_fixes(str(e2))
+                if fixes:
+                    hint += f"; torch suggests: {fixes}"
             raise ExportFailed(
                 f"torch.export could not capture {name} in strict={options.strict} mode "
                 f"({_first_line(e)}) nor in strict={other} mode ({_first_line(e2)}); {hint}") from e
@@ -250,6 +258,20 @@ def _export_modes(model, args, kwargs, options, name) -> torch.export.ExportedPr
                         "already functional", name, _first_line(e))
             return ep
         raise ExportFailed(f"could not functionalize the exported program: {e}") from e
+
+
+def _suggested_fixes(text: str) -> str:
+    """The ``Dim(...)`` lines torch.export suggests after a constraint violation."""
+    lines = text.splitlines()
+    if "Suggested fixes:" not in [ln.strip() for ln in lines]:
+        return ""
+    start = [ln.strip() for ln in lines].index("Suggested fixes:") + 1
+    fixes = []
+    for ln in lines[start:]:
+        if not ln.strip() or "=" not in ln:
+            break
+        fixes.append(ln.strip())
+    return "; ".join(fixes)
 
 
 def _already_functional(ep: torch.export.ExportedProgram) -> bool:

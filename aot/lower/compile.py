@@ -35,7 +35,7 @@ from .fold_bn import fold_batch_norm
 from .fold_constants import fold_constants
 from .recover import blame, grow
 from .regions import choose_region, pick_variant, worth_measuring
-from .tiling import tiled_target, worth_tiling
+from .tiling import DYNAMIC_UNSAFE, tiled_target, worth_tiling
 from .targets import Target
 
 __all__ = ["compile_program", "compile_model", "prepare"]
@@ -60,9 +60,16 @@ def _holds_f64(imported: ImportedProgram) -> bool:
 
 
 def _for_program(imported: ImportedProgram, target: Target) -> Target:
-    """The target's flags for this program (float64 kept when the program holds it)."""
+    """The target's flags for this program (float64 kept when the program holds it; a
+    dynamic program without the flags IREE miscompiles dynamic shapes with)."""
     if _holds_f64(imported) and KEEP_F64 not in target.flags:
-        return dataclasses.replace(target, flags=tuple(target.flags) + (KEEP_F64,))
+        target = dataclasses.replace(target, flags=tuple(target.flags) + (KEEP_F64,))
+    unsafe = [f for f in target.flags if f in DYNAMIC_UNSAFE]
+    if imported.symbols and unsafe:
+        log.warning("dropping %s: IREE %s computes wrong results with them on dynamic shapes "
+                    "(aot.lower.tiling.DYNAMIC_UNSAFE)", " ".join(unsafe), _iree_version())
+        target = dataclasses.replace(target, flags=tuple(f for f in target.flags
+                                                         if f not in DYNAMIC_UNSAFE))
     return target
 
 
