@@ -130,12 +130,21 @@ def import_model(model: torch.nn.Module, args: tuple, kwargs: dict | None = None
     outputs = _output_specs(ep)
     mutations, returns_input = _mutations(ep, flat)
     if boundary is not None:  # quantized inputs/outputs keep their dtype and qparams
-        flat_inputs = tuple(b if isinstance(b, TorchTensor) else f
+        flat_inputs = tuple(_sized(b, f) if isinstance(b, TorchTensor) else f
                             for f, b in zip(flat_inputs, boundary.inputs))
-        outputs = outputs[:len(mutations)] + tuple(boundary.outputs)
+        outputs = outputs[:len(mutations)] + tuple(
+            _sized(b, o) for b, o in zip(boundary.outputs, outputs[len(mutations):]))
     return ImportedProgram(ep, flat_inputs, outputs, ep.call_spec.in_spec, ep.call_spec.out_spec,
                            name=name, input_names=names, mutations=mutations,
                            returns_input=returns_input, symbols=symbols)
+
+
+def _sized(boundary: TorchTensor, exported) -> TorchTensor:
+    """A quantized boundary spec with the exported program's (symbolic) sizes."""
+    if not isinstance(exported, TorchTensor) or not exported.is_symbolic:
+        return boundary
+    return TorchTensor(boundary.dtype, exported.shape, exported.strides, boundary.qparams,
+                       boundary.layout)
 
 
 def _symbolic_inputs(ep, flat_inputs: tuple) -> tuple:
