@@ -326,9 +326,9 @@ def build_parser() -> argparse.ArgumentParser:
                    "convnext_tiny, bert_base_b1/_b8, or a set: quick, default, zoo_b1, "
                    "zoo_b8, zoo")
     b.add_argument("--systems", help="comma-separated: eager, inductor, inductor-freezing, "
-                   "aotinductor, onnxruntime, openvino, iree-default, aot, aot-coverage, or a "
-                   "set: quick, default (eager, inductor, iree-default, aot), peers (eager, "
-                   "the four peers, aot), all")
+                   "aotinductor, onnxruntime, openvino, iree-default, aot, aot-coverage, "
+                   "aot-dynamic (batch dimension dynamic), or a set: quick, default (eager, "
+                   "inductor, iree-default, aot), peers (eager, the four peers, aot), all")
     b.add_argument("--runs", type=int, help="timed runs per system (default 30; quick 5)")
     b.add_argument("--min-seconds", type=float,
                    help="keep adding interleaved rounds (up to 2000 runs) until each system "

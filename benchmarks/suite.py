@@ -11,7 +11,10 @@ Systems (each skipped with its reason where it cannot run the model):
   export -> IREE flow such as iree-turbine gives you);
 - ``aot``: this project, ``aot.compile(model, args)`` with no options;
 - ``aot-coverage``: ``aot.compile(model, args, placement="coverage")``: everything
-  IREE can lower runs compiled (how fast IREE's own code is).
+  IREE can lower runs compiled (how fast IREE's own code is);
+- ``aot-dynamic``: the defaults with the batch dimension dynamic (``dynamic_batch``),
+  timed at the example's batch; the summary compares it with ``aot`` (one artifact per
+  shape) in the same run. The sweep over batch sizes is ``benchmarks/dynamic_sweep.py``.
 
 Systems are timed in blocks: per round, each system is called untimed for at least
 ``WARM_S`` (one call at least), then ``BLOCK`` timed calls. Worker threads the
@@ -55,7 +58,10 @@ import torch
 __all__ = ["BENCH_MODELS", "SYSTEMS", "Row", "run_suite", "machine_info", "write_outputs"]
 
 SYSTEMS = ("eager", "inductor", "inductor-freezing", "aotinductor", "onnxruntime", "openvino",
-           "iree-default", "aot", "aot-coverage")
+           "iree-default", "aot", "aot-coverage", "aot-dynamic")
+# ``aot-dynamic``: the defaults with every input's batch dimension dynamic (DYNAMIC_BATCH),
+# timed at the example's batch: the price of one artifact for every batch size
+DYNAMIC_BATCH = (1, 32)
 DEFAULT_SYSTEMS = ("eager", "inductor", "iree-default", "aot")
 QUICK_MODELS = ("resnet18_b1", "custom_op")
 QUICK_SYSTEMS = ("eager", "iree-default", "aot")
@@ -209,9 +215,24 @@ def _build(system: str, model, example, target: str):
         cm = aot.compile(model, example, target=target, fallback="none", profile="iree-default")
     elif system == "aot-coverage":
         cm = aot.compile(model, example, target=target, placement="coverage")
+    elif system == "aot-dynamic":
+        args, dyn = dynamic_batch(example)
+        cm = aot.compile(model, args, target=target, dynamic_shapes=dyn)
     else:
         cm = aot.compile(model, example, target=target)
     return cm, time.perf_counter() - t0, cm
+
+
+def dynamic_batch(example: tuple, lo: int = DYNAMIC_BATCH[0], hi: int = DYNAMIC_BATCH[1]):
+    """``(args, dynamic_shapes)``: dimension 0 of every tensor input one ``batch`` Dim in
+    ``lo..hi``. An example of batch 1 is compiled from its rows repeated to 2
+    (``torch.export`` fixes a dimension whose example is 1); it is still timed at 1."""
+    from torch.export import Dim
+    batch = Dim("batch", min=lo, max=hi)
+    n = next(x.shape[0] for x in example if isinstance(x, torch.Tensor))
+    args = tuple(x.repeat(2, *([1] * (x.dim() - 1))) if isinstance(x, torch.Tensor) and n == 1
+                 else x for x in example)
+    return args, tuple({0: batch} if isinstance(x, torch.Tensor) else None for x in example)
 
 
 def _rel_err(got, want) -> float:
@@ -425,7 +446,27 @@ def markdown(rows: list[Row], info: dict, runs: int) -> str:
     body = head + "\n".join(lines) + "\n"
     if any(r.system in ("aot", "aot-coverage") for r in rows):
         body += "\n" + summary(rows)
+    if any(r.system == "aot-dynamic" for r in rows):
+        body += "\n" + dynamic_summary(rows)
     return body
+
+
+def dynamic_summary(rows: list[Row]) -> str:
+    """Per model: the dynamic-batch artifact against the static one, same run."""
+    lines = ["| model | aot ms (static) | aot-dynamic ms | dynamic vs static | within 10% |"
+             " compile s static / dynamic |", "|---|---|---|---|---|---|"]
+    for m in dict.fromkeys(r.model for r in rows):
+        mine = {r.system: r for r in rows if r.model == m}
+        a, d = mine.get("aot"), mine.get("aot-dynamic")
+        if not (a and d and _right(a) and _right(d)):
+            continue
+        ratio = a.median_ms / d.median_ms
+        lines.append(f"| {m} | {a.median_ms:.2f} ({a.choice}) | {d.median_ms:.2f} ({d.choice}) | "
+                     f"{_times(ratio)} | {'yes' if ratio >= 1 / 1.1 else 'no'} | "
+                     f"{_fmt(a.compile_s, '.1f')} / {_fmt(d.compile_s, '.1f')} |")
+    return (f"aot-dynamic (batch {DYNAMIC_BATCH[0]}..{DYNAMIC_BATCH[1]}, one artifact) against "
+            "aot (static, one artifact per shape) at the example's shape (> 1: the dynamic one "
+            "is faster):\n\n" + "\n".join(lines) + "\n")
 
 
 def plot(rows: list[Row], path: str, info: dict) -> bool:
