@@ -11,6 +11,7 @@ and the program is partitioned and compiled again.
 from __future__ import annotations
 
 import hashlib
+import re
 import time
 
 import torch
@@ -245,10 +246,34 @@ def _host_artifact(imported: ImportedProgram, target: Target, policy: PlacementP
 
 
 def _artifact(p: PartitionedProgram, vmfb: bytes, seconds: float) -> CompiledArtifact:
+    if p.imported.symbols:
+        _check_dynamic_signature(p)
     table, blob = pack_constants(p.host_constants)
     manifest = _manifest(p.imported, p.target, p.policy, p.placements, p.kernel_calls,
                          p.whole_program_call, vmfb, table, blob, seconds)
     return CompiledArtifact(vmfb, manifest, blob)
+
+
+_VTENSOR = re.compile(r"!torch\.vtensor<\[([^\]]*)\]")
+
+
+def _check_dynamic_signature(p: PartitionedProgram) -> None:
+    """The compiled ``main`` has a dynamic dimension (``?``) exactly where the program's
+    inputs and outputs follow a symbol: a compile step that fixed one to the example's
+    size would give a module that is wrong at every other size.
+
+    Raises:
+        CompileFailed: a dimension was fixed (then ``fallback="auto"`` runs the program
+            as one ATen region, which keeps every symbol).
+    """
+    head = next((ln for ln in p.mlir.splitlines() if "func.func @main(" in ln), "")
+    got = [[d.strip() for d in m.split(",")] if m else [] for m in _VTENSOR.findall(head)]
+    want = [["?" if isinstance(d, str) else str(d) for d in t.shape]
+            for t in (*p.imported.tensor_inputs, *p.imported.tensor_outputs)]
+    if got != want:
+        raise CompileFailed(f"{p.imported.name}: the compiled program's signature {got} lost a "
+                            f"dynamic dimension of {want} (a compile step fixed it to the "
+                            "example's size); not compiled that way")
 
 
 def _output_json(o) -> dict:

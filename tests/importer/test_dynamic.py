@@ -125,3 +125,16 @@ def test_cli_compiles_and_runs_a_dynamic_artifact(tmp_path, capsys):
             torch.testing.assert_close(cm(x), model(x), rtol=1e-5, atol=1e-5)
     with pytest.raises(InputMismatch, match="rows in 1..100"):
         cm(torch.randn(101, 5))
+
+
+def test_a_compile_that_fixed_a_dynamic_dimension_is_refused():
+    from types import SimpleNamespace
+    from aot.errors import CompileFailed
+    from aot.lower.compile import _check_dynamic_signature
+    imp = _imported()
+    good = ("  func.func @main(%arg0: !torch.vtensor<[?,?,4],f32>, %arg1: !torch.vtensor<[?,?,5],"
+            "f32>) -> !torch.vtensor<[?,20],f32> {")
+    _check_dynamic_signature(SimpleNamespace(imported=imp, mlir=good))
+    fixed = good.replace("-> !torch.vtensor<[?,20]", "-> !torch.vtensor<[3,20]")
+    with pytest.raises(CompileFailed, match="lost a dynamic dimension"):
+        _check_dynamic_signature(SimpleNamespace(imported=imp, mlir=fixed))
