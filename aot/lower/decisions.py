@@ -1,0 +1,260 @@
+"""decisions: where each op of a program runs, and why.
+
+The first step of ``partition``, and the only one that asks IREE or measures:
+probes each op's coverage (``coverage``), decomposes the ops IREE cannot lower
+when a decomposition exists (unless ATen's kernel measures faster, ``cost``),
+measures the heavy covered ops under ``placement="auto"``, and places every op
+(``placement``). Grouping and the rewrite into kernel calls only read the
+:class:`Decisions` it returns.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import operator
+from dataclasses import dataclass
+
+import torch
+import torch.fx
+from torch.export import ExportedProgram
+
+from ..errors import UnsupportedOp
+from ..importer.decompositions import decomposition_for
+from ..importer.dynamic import symbolic_sizes
+from ..importer.locations import node_location
+from ..torch_tensor import TorchTensor
+from .cost import MIN_FLOPS
+from .coverage import CoverageCache, Verdict, op_signature, probe_nodes
+from .flops import node_flops
+from .iree_faults import iree_fault
+from .outline import carried
+from .placement import COMPILED, KERNEL_CALL, Placement, PlacementPolicy, matches_forced, op_name
+from .targets import Target
+
+__all__ = ["Decisions", "decide", "is_assert", "op_nodes"]
+log = logging.getLogger(__name__)
+_MAX_DECOMPOSITION_ROUNDS = 4
+
+
+@dataclass(frozen=True)
+class Decisions:
+    """Made by :func:`decide`, read by ``grouping`` and ``kernel_calls``.
+
+    ``program`` is the program after decompositions (the one every later step
+    walks); ``placements`` has one row per op, in graph order; ``decided`` maps
+    each op node to ``(where, why)``; ``sizes`` are the size nodes of a dynamic
+    program that only kernel calls read: they record them, so they run nowhere.
+    """
+
+    program: ExportedProgram
+    placements: tuple[Placement, ...]
+    decided: dict
+    sizes: frozenset
+
+
+def decide(ep: ExportedProgram, target: Target, policy: PlacementPolicy,
+           cache: CoverageCache | None, demoted: dict[str, str] | None) -> Decisions:
+    """Place every op of ``ep``.
+
+    Args:
+        ep: the exported program, before decompositions.
+        target, policy, cache, demoted: as :func:`aot.lower.partition.partition` takes them.
+    Returns:
+        Decisions.
+    Raises:
+        UnsupportedOp: ``fallback="none"`` and some op is not covered (all are
+            listed with their source lines).
+    """
+    verdicts: dict[str, Verdict] = {}
+    kept: dict = {}  # op -> reason it stays in ATen although it has a decomposition
+    if policy.fallback != "all":
+        cache = cache or CoverageCache(target)
+        ep, verdicts = _decompose_uncovered(ep, target, policy, cache, kept)
+    costs = _costs(ep, target, policy, verdicts)
+    placements, decided = _place(ep, policy, verdicts, demoted or {}, costs, kept)
+    if policy.fallback == "none":
+        bad = [p for p in placements if p.where == KERNEL_CALL]
+        if bad:
+            lines = "\n".join(f"  {p.op} at {p.location or '<unknown>'}: {p.reason}" for p in bad)
+            raise UnsupportedOp(f"fallback='none' but {len(bad)} op(s) are not covered by IREE "
+                                f"for {target.name}:\n{lines}")
+    sizes = _recorded_sizes(ep, decided)
+    for n in sizes:
+        decided[n] = (COMPILED, _SIZE_REASON)
+    placements = [dataclasses.replace(p, where=COMPILED, reason=_SIZE_REASON)
+                  if p.node in {n.name for n in sizes} else p for p in placements]
+    return Decisions(ep, tuple(placements), decided, sizes)
+
+
+def is_assert(n: torch.fx.Node) -> bool:
+    """Metadata checks export leaves in (``_assert_tensor_metadata``): no value, no users."""
+    return n.meta.get("val") is None and not n.users
+
+
+def op_nodes(ep) -> list[torch.fx.Node]:
+    return [n for n in ep.graph.nodes if n.op == "call_function"
+            and n.target is not operator.getitem and not is_assert(n)]
+
+
+def _decompose_uncovered(ep, target, policy, cache, kept: dict):
+    """Probe; decompose uncovered ops that have a decomposition; repeat to a fixpoint.
+
+    Under ``placement="auto"``, a quantized ``aot_q`` op (ATen kernel and our
+    integer decomposition) is decomposed only when its decomposition, compiled
+    by IREE, measures faster in total over the op's call sites; else it stays a
+    kernel call and ``kept[op]`` holds the measured reason.
+    """
+    tried: set = set()
+    for _ in range(_MAX_DECOMPOSITION_ROUNDS):
+        nodes = [n for n in op_nodes(ep) if not matches_forced(n.target, policy.fallback_ops)]
+        verdicts = probe_nodes(nodes, target, cache)
+        table = {}
+        user_inputs = _user_inputs(ep)
+        for n in nodes:
+            if iree_fault(n, user_inputs) is not None:
+                continue  # runs in ATen: its decomposition, compiled, is what IREE gets wrong
+            if not verdicts[op_signature(n)].covered and n.target not in tried:
+                fn = decomposition_for(n.target)
+                if fn is not None:
+                    table[n.target] = fn
+        for op in [op for op in table if _measure_before_decomposing(op, policy, target)]:
+            reason = _aten_faster(op, table[op], [n for n in nodes if n.target == op], target)
+            if reason:
+                kept[op] = reason
+                del table[op]
+                tried.add(op)
+        if not table:
+            return ep, verdicts
+        tried.update(table)
+        try:
+            log.info("decomposing ops IREE does not lower: %s", sorted(map(op_name, table)))
+            decomposed = ep.run_decompositions(table)
+        except Exception as e:  # a decomposition torch cannot apply: keep the op as a kernel call
+            log.info("decomposition failed (%s); keeping those ops as kernel calls", e)
+            return ep, verdicts
+        if _uncarried(decomposed) - _uncarried(ep):
+            # a decomposition whose intermediate values compiled code cannot hold
+            # (fft_hfft in float64 goes through complex128): keep the ops whole
+            log.info("decomposing %s makes values of dtypes compiled code cannot hold (%s); "
+                     "keeping them as kernel calls", sorted(map(op_name, table)),
+                     sorted(_uncarried(decomposed) - _uncarried(ep)))
+            return ep, verdicts
+        if _output_types(decomposed) != _output_types(ep):
+            # a decomposition whose ops' metadata disagree with the op (torch's
+            # prims.signbit says float32 where signbit returns bool): keep the ops
+            log.info("decomposing %s changes the program's output types; keeping them as "
+                     "kernel calls", sorted(map(op_name, table)))
+            return ep, verdicts
+        ep = decomposed
+    return ep, probe_nodes(op_nodes(ep), target, cache)
+
+
+def _uncarried(ep) -> set[str]:
+    """Dtypes of the program's tensor values that compiled code cannot hold."""
+    out = set()
+    for n in ep.graph.nodes:
+        for v in torch.utils._pytree.tree_leaves(n.meta.get("val")):
+            if isinstance(v, torch.Tensor) and v.layout == torch.strided:
+                spec = TorchTensor.from_tensor(v)
+                if not spec.is_dynamic and not carried(spec):
+                    out.add(spec.dtype)
+    return out
+
+
+def _output_types(ep) -> list:
+    out = next(n for n in ep.graph.nodes if n.op == "output")
+    return [(v.dtype, tuple(v.shape)) if isinstance(v, torch.Tensor) else type(v).__name__
+            for v in (a.meta.get("val") if isinstance(a, torch.fx.Node) else a
+                      for a in torch.utils._pytree.tree_leaves(out.args[0]))]
+
+
+def _measure_before_decomposing(op, policy: PlacementPolicy, target: Target) -> bool:
+    """Ops with both an ATen kernel and a decomposition we wrote: the quantized ``aot_q`` ops."""
+    from ..fallback.quantized_ops import NAMESPACE
+    return (policy.fallback == "auto" and policy.placement == "auto"
+            and isinstance(op, torch._ops.OpOverload) and op.namespace == NAMESPACE
+            and (target.driver.startswith("local") or torch.cuda.is_available()))
+
+
+def _aten_faster(op, decomposition, nodes, target: Target) -> str | None:
+    """Measured reason to keep ``op`` in ATen rather than decompose it, or None."""
+    from .cost import CROSSING_MS, CostCache, measure_decomposed
+    cache = CostCache(target)
+    costs = [measure_decomposed(n, decomposition, target, cache) for n in nodes]
+    if any(c.aten_ms is None or c.iree_ms is None for c in costs):
+        return None
+    aten_ms = sum(c.aten_ms + CROSSING_MS for c in costs)
+    iree_ms = sum(c.iree_ms for c in costs)
+    if aten_ms >= iree_ms:
+        return None
+    return (f"ATen's kernel is faster here than IREE's code for its decomposition: "
+            f"{aten_ms:.2f} ms vs {iree_ms:.2f} ms over {len(nodes)} call site(s), "
+            "measured on this machine")
+
+
+def _costs(ep, target: Target, policy: PlacementPolicy, verdicts) -> dict:
+    """Measured ATen-vs-IREE costs of the heavy covered ops (``placement="auto"``)."""
+    if policy.fallback != "auto" or policy.placement != "auto":
+        return {}
+    if not target.driver.startswith("local") and not torch.cuda.is_available():
+        return {}  # compiling for a device this machine lacks: nothing to measure on
+    heavy = [n for n in op_nodes(ep) if isinstance(n.target, torch._ops.OpOverload)
+             and verdicts.get(op_signature(n), Verdict(False)).covered
+             and (node_flops(n) or 0) >= MIN_FLOPS]
+    if not heavy:
+        return {}
+    from .cost import CostCache, measure_nodes
+    return measure_nodes(heavy, target, CostCache(target))
+
+
+def _user_inputs(ep) -> set:
+    return {s.arg.name for s in ep.graph_signature.input_specs if s.kind.name == "USER_INPUT"}
+
+
+def _place(ep, policy: PlacementPolicy, verdicts: dict[str, Verdict], demoted: dict[str, str],
+           costs: dict | None = None, kept: dict | None = None):
+    placements, decided = [], {}
+    user_inputs = _user_inputs(ep)
+    for n in op_nodes(ep):
+        name = op_name(n.target)
+        if not isinstance(n.target, torch._ops.OpOverload):
+            where, why = COMPILED, "symbolic scalar arithmetic (always compiled)"
+        elif policy.fallback == "all":
+            where, why = KERNEL_CALL, "fallback='all'"
+        elif matches_forced(n.target, policy.fallback_ops):
+            where, why = KERNEL_CALL, "forced by fallback_ops"
+        elif n.name in demoted:
+            where, why = KERNEL_CALL, ("lowers alone, but IREE failed on it fused with its "
+                                       f"neighbours: {demoted[n.name]}")
+        elif (fault := iree_fault(n, user_inputs)) is not None:
+            where, why = KERNEL_CALL, fault
+        else:
+            v = verdicts[op_signature(n)]
+            where, why = (COMPILED, "lowered by IREE") if v.covered else (KERNEL_CALL, v.reason)
+            if not v.covered and n.target in (kept or {}):
+                why = kept[n.target]
+            cost = (costs or {}).get(op_signature(n))
+            if v.covered and cost is not None and cost.aten_wins:
+                where, why = KERNEL_CALL, cost.reason()
+        decided[n] = (where, why)
+        placements.append(Placement(n.name, name, where, why, node_location(n), node_flops(n)))
+    return placements, decided
+
+
+_SIZE_REASON = ("a size that follows a dynamic dimension: the kernel calls reading it "
+                "evaluate it from the call's input sizes")
+
+
+def _recorded_sizes(ep, decided: dict) -> frozenset:
+    """Size nodes of a dynamic program (``sym_size``, arithmetic on sizes) that only
+    kernel calls read: those record the size as an expression (``symbolic_sizes``), so
+    the node itself runs nowhere and ties no group to compiled code."""
+    out: set = set()
+    for n in reversed(list(op_nodes(ep))):
+        if symbolic_sizes(n) is None:
+            continue
+        if n.users and all(u in out or decided.get(u, (COMPILED,))[0] == KERNEL_CALL
+                           for u in n.users):
+            out.add(n)
+    return frozenset(out)
