@@ -207,3 +207,29 @@ def test_quantized_resnet18_dynamic_batch_both_modes(qresnet18):
         if n == 3:
             static = aot.compile(model, (xi,), placement="coverage")
             torch.testing.assert_close(compiled(xi), static(xi), rtol=0, atol=0)
+
+
+def test_compiling_a_dynamic_model_for_cuda_needs_no_device():
+    """The dynamic program compiles for CUDA (sm_80 PTX) here; running it is `gpu`'s."""
+    m, (x,) = custom_op_model()
+    cm = aot.compile(m, (x,), target="cuda", dynamic_shapes=({0: Dim("rows", min=1, max=64)},))
+    assert cm.manifest["target"] == "cuda" and cm.manifest["symbols"]
+    assert any(k["op"] == "aot_models::scaled_tanh" for k in cm.manifest["kernel_calls"])
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("fallback", ["auto", "all"])
+def test_cuda_dynamic_batch_with_kernel_calls_and_groups(resnet18, fallback):
+    """On CUDA a group runs from a captured CUDA graph only where its shapes are static:
+    a dynamic group is never replayed at another shape."""
+    model = resnet18.cuda()
+    try:
+        cm = aot.compile(model, (torch.randn(2, 3, 64, 64, device="cuda"),), target="cuda",
+                         dynamic_shapes=({0: Dim("batch", min=1, max=32)},), fallback=fallback,
+                         fallback_ops=["aten.relu"] if fallback == "auto" else ())
+        for n in (1, 3, 17, 32, 3):
+            x = torch.randn(n, 3, 64, 64, device="cuda")
+            with torch.no_grad():
+                _close(cm(x), model(x), 1e-3 if fallback == "auto" else 1e-5)
+    finally:
+        resnet18.cpu()
