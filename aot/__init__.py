@@ -51,6 +51,10 @@ def compile(model, args=(), *, example_kwargs=None, target: str = "cpu", fallbac
             once, cached), and a program with heavy ops is then timed end to
             end against whole ATen regions (``aot.lower.regions``), keeping
             the faster; ``"coverage"``: everything IREE covers is compiled.
+        dynamic_shapes: what ``torch.export.export`` takes (``torch.export.Dim`` per
+            input dimension): those dimensions stay dynamic, and the artifact serves
+            every size in their ranges (README, "Dynamic shapes"). Placement is
+            measured at the example's sizes; give an example of at least 2 there.
         plan: the decisions of an earlier compile to reuse instead of measuring
             (``CompiledModule.plan()``, or the path of a JSON file holding it).
             Without it, a decision measured on this machine for this program is
@@ -58,7 +62,8 @@ def compile(model, args=(), *, example_kwargs=None, target: str = "cpu", fallbac
     Returns:
         CompiledModule: call it like the model; ``.save(path)``, ``.report()``.
     Raises:
-        ExportFailed, UnsupportedOp, CompileFailed: see ``aot.errors``.
+        ExportFailed, UnsupportedOp, CompileFailed: see ``aot.errors``; calling the
+        module with a size outside a dynamic dimension's range is an ``InputMismatch``.
     """
     from .importer import ImportOptions, import_model
     from .lower.compile import compile_model

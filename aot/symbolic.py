@@ -24,12 +24,23 @@ from __future__ import annotations
 import ast
 import functools
 import math
+import threading
 
 from .errors import ArtifactError, InputMismatch
 
-__all__ = ["Dim", "evaluate", "free_symbols", "bind_inputs", "is_symbolic", "range_text"]
+__all__ = ["Dim", "Binding", "evaluate", "free_symbols", "bind_inputs", "is_symbolic",
+           "range_text"]
 
 Dim = int | str  # a static size, or an expression over symbols
+
+
+class Binding(threading.local):
+    """The symbols' values for the call in progress, one binding per thread: a module
+    called from two threads at two sizes evaluates each call's sizes with its own (IREE
+    runs a host function on the thread that invoked the module)."""
+
+    def __init__(self):
+        self.env: dict[str, int] = {}
 
 
 def is_symbolic(d) -> bool:

@@ -3,14 +3,15 @@
 Static operands are decoded from the manifest's JSON once; per call only the
 run-time tensors and scalars are dropped into their places (a few list stores).
 A static operand holding symbolic sizes (a dynamic artifact's ``view`` sizes) is
-evaluated per call against ``symbols``, the binding the module made from that
-call's inputs (``HostModule.symbols``).
+evaluated per call against ``symbols.env``, the binding the module made from that
+call's inputs on this thread (``HostModule.symbols``, an ``aot.symbolic.Binding``).
 """
 
 from __future__ import annotations
 
 import torch
 
+from ..symbolic import Binding
 from . import static_values
 from .spec import SCALAR_PY, KernelCallSpec, ScalarArg, StaticArg, TensorArg, TensorListArg
 
@@ -23,9 +24,9 @@ class BoundCall:
     """``op(*args, **kwargs)`` for one spec, static operands decoded at construction."""
 
     def __init__(self, spec: KernelCallSpec, op, device: torch.device,
-                 symbols: dict | None = None):
+                 symbols: Binding | None = None):
         self.spec, self.op = spec, op
-        self.symbols = symbols if symbols is not None else {}
+        self.symbols = symbols if symbols is not None else Binding()
         self.args: list = []
         self.kwargs: dict = {}
         self.fills: list[tuple] = []  # (position or kwarg name, kind, payload)
@@ -68,7 +69,7 @@ class BoundCall:
             elif kind == _LIST:
                 v = [None if i is None else tensors[i] for i in p]
             elif kind == _SIZES:
-                v = static_values.resolve_sizes(p, self.symbols)
+                v = static_values.resolve_sizes(p, self.symbols.env)
             else:
                 v = p[1](scalars[p[0]])
             if isinstance(where, int):

@@ -134,7 +134,7 @@ class GroupFunction:
             elif kind == _SIZES:  # symbolic sizes: evaluated with this call's binding
                 self.names.setdefault("_sizes", static_values.resolve_sizes)
                 self.names["_symbols"] = b.symbols
-                expr = f"_sizes({self._const(i, where, p)}, _symbols)"
+                expr = f"_sizes({self._const(i, where, p)}, _symbols.env)"
             else:
                 assert kind == _LIST
                 expr = "[" + ", ".join("None" if s is None else self._tensor(i, m, s)

@@ -20,6 +20,7 @@ import torch
 import iree.runtime as rt
 
 from ..errors import ArtifactError, InputMismatch, KernelCallFailed
+from ..symbolic import Binding
 from ..runtime.device import DLPACK_DEVICE, as_storage, sync_torch
 from ..torch_tensor import dtype_from_name
 from .bound import BoundCall
@@ -45,9 +46,10 @@ class HostModule:
     interface: "rt.PyModuleInterface"
     calls: int = field(default=0)
     functions: dict = field(default_factory=dict)  # key -> its _KernelCall
-    # a dynamic artifact's symbol binding for the call in progress (symbol -> int), set
-    # by the module from its inputs before each call; symbolic sizes read it
-    symbols: dict = field(default_factory=dict)
+    # a dynamic artifact's symbol binding for the call in progress (``.env``: symbol ->
+    # int, per thread), set by the module from its inputs before each call; symbolic
+    # sizes read it
+    symbols: Binding = field(default_factory=Binding)
     # one slot per thread: IREE runs a host function on the thread that invoked the
     # module, so the error a kernel call raised belongs to that thread's call
     _slot: threading.local = field(default_factory=threading.local, repr=False)
@@ -368,7 +370,7 @@ class _KernelCall:
     def _dense_result(self, i: int, r, check, crossing) -> torch.Tensor:
         want, shape, dtype, storage = check
         if shape is None:  # a symbolic shape: this call's sizes
-            want = want.bind(self.host.symbols)
+            want = want.bind(self.host.symbols.env)
             shape = torch.Size(want.shape) if not want.is_symbolic else None
         if isinstance(r, torch.Tensor) and want.qparams is not None and r.is_quantized:
             # a quantized result is taken apart; its qparams must be the compiled ones

@@ -167,8 +167,7 @@ class CompiledModule:
         inputs, outputs = self.inputs, self._tensor_outputs
         if self.symbols:  # this call's sizes: the symbols bound, range and agreement checked
             env = bind_inputs(self.symbols, inputs, flat, self.input_names)
-            self.host.symbols.clear()  # what the kernel calls' symbolic sizes read
-            self.host.symbols.update(env)
+            self.host.symbols.env = env  # what the kernel calls' sizes read (this thread's)
             inputs = [i.bind(env) if isinstance(i, TorchTensor) else i for i in inputs]
             outputs = [o.bind(env) for o in outputs]
         dense = self._dense_inputs(flat, inputs)

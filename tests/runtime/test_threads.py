@@ -121,3 +121,39 @@ def test_kernel_call_errors_belong_to_their_call(path):
     assert delivered == THREADS * len(range(0, CALLS, 3))
     x = torch.rand(16, device=device) + 1  # and the module keeps working
     torch.testing.assert_close(cm(x), model(x), rtol=0, atol=0)
+
+
+class Rows(torch.nn.Module):
+    """A view whose size follows a dynamic dimension, in a kernel call between compiled ops."""
+
+    def forward(self, x):
+        return torch.ops.aot_threads.checked_sqrt(x.view(x.shape[0], -1) * 1.0) + 1.0
+
+
+@pytest.mark.parametrize("mode", ["auto", "all"])
+def test_dynamic_sizes_belong_to_their_own_thread(mode):
+    """Threads call one dynamic module at different batch sizes at once: each call's
+    kernel calls evaluate their recorded sizes with that call's own binding."""
+    from torch.export import Dim
+    cm = aot.compile(Rows(), (torch.rand(4, 2, 3) + 1,), fallback=mode,
+                     fallback_ops=["aten.view"] if mode == "auto" else (),
+                     dynamic_shapes=({0: Dim("rows", min=2, max=64)},))
+    wrong = []
+
+    def worker(t):
+        for c in range(CALLS):
+            n = 2 + (t * 7 + c) % 63
+            x = torch.rand(n, 2, 3) + 1
+            try:
+                got = cm(x)
+            except Exception as e:  # noqa: BLE001 - any failure is the finding
+                wrong.append(f"thread {t} rows {n}: {type(e).__name__}: {e}")
+                continue
+            if not torch.equal(got, x.view(n, -1).sqrt() + 1.0):
+                wrong.append(f"thread {t} rows {n}: wrong values")
+    threads = [threading.Thread(target=worker, args=(t,)) for t in range(THREADS)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    assert not wrong, wrong[:3]
