@@ -44,8 +44,13 @@ def format_report(manifest: dict) -> str:
             + ", ".join(f"{b['name']} dim {b['dim']}" for b in e["binds"]) + ")"
             for sym, e in symbols.items())
         example = ", ".join(f"{e.get('name') or sym}={e['example']}" for sym, e in symbols.items())
+        at = [", ".join(f"{k}={v}" for k, v in sizes.items())
+              for sizes in (manifest.get("region") or {}).get("measured_at") or []]
+        where = (f"per-op costs at the example's sizes ({example}), the region end to end at "
+                 + " and ".join(f"({a})" for a in at)) if len(at) > 1 else \
+            f"costs and regions at the example's sizes ({example})"
         lines.append(f"dynamic shapes: {dims}; one artifact serves every size in range. "
-                     f"Costs and regions were measured at the example's sizes ({example})")
+                     f"Measured: {where}")
     if manifest.get("folded_ops"):
         lines.append(f"{manifest['folded_ops']} op(s) read only constants: computed once at "
                      "compile time and stored as constants (not counted above)")

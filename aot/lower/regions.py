@@ -87,6 +87,7 @@ import dataclasses
 import hashlib
 import json
 import logging
+import math
 import os
 import statistics
 import time
@@ -182,7 +183,16 @@ def choose_region(per_op: CompiledArtifact, imported: ImportedProgram, target: T
         stats = _time_candidates(cands, example, target)
         if "iree" not in stats:
             return per_op
+        measured = [_sizes_of(imported, None)]
+        far = _range_end(imported, example, stats)
+        if far is not None:  # a dynamic program: the range's end too, where cheap
+            end_stats = _time_candidates(cands, far[1], target)
+            if set(end_stats) == set(stats):
+                stats = _over_sizes(stats, end_stats)
+                measured.append(far[0])
         region = _decide(stats)
+        if imported.symbols:
+            region["measured_at"] = measured
         region["measure_seconds"] = round(time.perf_counter() - t0, 2)
         _store(key, region, target)
     region["key"] = key
@@ -288,6 +298,8 @@ def program_key(imported: ImportedProgram, target: Target, cands: dict) -> str:
                          for i in imported.flat_inputs], sort_keys=True, default=str),
              json.dumps(sorted(cands)), " ".join(target.flags), target.driver,
              machine_key(), f"rule {_RULE}", f"prepack {prepack.VERSION}", FORMS]
+    if imported.symbols:  # a dynamic program is measured at its range's end too
+        parts.append(json.dumps(imported.symbols, sort_keys=True))
     return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:20]
 
 
@@ -441,6 +453,52 @@ def _round(mods, order, args, kwargs, sync, samples, settled=frozenset()) -> Non
             m(*args, **kwargs)
             sync()
             samples[name].append((time.perf_counter() - t) * 1e3)
+
+
+# a dynamic program is timed at its range's end too when one call there is expected
+# to take at most this long (the example's time scaled by the sizes' ratio)
+END_CALL_S = 0.1
+
+
+def _sizes_of(imported: ImportedProgram, values: dict | None) -> dict:
+    """``{Dim name: size}``: the example's sizes, or ``values`` (symbol -> size)."""
+    return {e.get("name") or sym: (e["example"] if values is None else values[sym])
+            for sym, e in imported.symbols.items()}
+
+
+def _range_end(imported: ImportedProgram, example, stats: dict):
+    """``(sizes, example at the range's end)`` for a dynamic program where a call there
+    is cheap (``END_CALL_S``), else None. The end is each symbol's largest size; the
+    example's inputs are repeated along the dimensions that bind it, then cut."""
+    if not imported.symbols:
+        return None
+    ends = {sym: e["max"] for sym, e in imported.symbols.items()}
+    scale = math.prod(ends[s] / max(e["example"], 1) for s, e in imported.symbols.items())
+    slowest = max(v[0] for v in stats.values()) / 1e3
+    if scale <= 1 or slowest * scale > END_CALL_S:
+        return None
+    args, kwargs = example
+    flat, spec = pytree.tree_flatten((args, kwargs))
+    for sym, e in imported.symbols.items():
+        for b in e["binds"]:
+            x, d = flat[b["input"]], b["dim"]
+            reps = [1] * x.dim()
+            reps[d] = -(-ends[sym] // x.shape[d])
+            flat[b["input"]] = x.repeat(*reps).narrow(d, 0, ends[sym]).contiguous()
+    return _sizes_of(imported, ends), pytree.tree_unflatten(flat, spec)
+
+
+def _over_sizes(a: dict, b: dict) -> dict:
+    """Each candidate's times at two sizes as one: the geometric mean of the medians
+    (each size counts alike, whatever its scale), relative spreads combined, the fewer
+    runs."""
+    out = {}
+    for k in a:
+        (ma, sa, na), (mb, sb, nb) = a[k], b[k]
+        med = math.sqrt(ma * mb)
+        rel = math.sqrt((sa / ma) ** 2 + (sb / mb) ** 2) / 2 if ma and mb else 0.0
+        out[k] = (med, rel * med, min(na, nb))
+    return out
 
 
 def _stats(samples: dict[str, list]) -> dict[str, tuple[float, float, int]]:

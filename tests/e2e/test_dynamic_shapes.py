@@ -233,3 +233,25 @@ def test_cuda_dynamic_batch_with_kernel_calls_and_groups(resnet18, fallback):
                 _close(cm(x), model(x), 1e-3 if fallback == "auto" else 1e-5)
     finally:
         resnet18.cpu()
+
+
+class ConvNet(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv = torch.nn.Conv2d(16, 32, 3, padding=1)
+
+    def forward(self, x):
+        return torch.relu(self.conv(x)).mean((2, 3))
+
+
+def test_region_is_measured_at_the_range_end_where_cheap():
+    m = ConvNet().eval()
+    cm = aot.compile(m, (torch.randn(2, 16, 32, 32),),
+                     dynamic_shapes=({0: Dim("batch", min=1, max=6)},))
+    region = cm.manifest["region"]
+    assert region["measured_at"] == [{"batch": 2}, {"batch": 6}]
+    assert "the region end to end at (batch=2) and (batch=6)" in cm.report()
+    for n in (1, 6):
+        x = torch.randn(n, 16, 32, 32)
+        with torch.no_grad():
+            _close(cm(x), m(x), 1e-4)
