@@ -25,6 +25,7 @@ from torch.fx.node import map_aggregate
 
 from .coverage import _probe_graph, op_signature
 from .disk_cache import JsonCache
+from ..importer.dynamic import hint
 from .targets import Target
 
 __all__ = ["Cost", "CostCache", "measure_nodes", "measure_decomposed", "MIN_FLOPS", "CROSSING_MS"]
@@ -83,13 +84,18 @@ class CostCache(JsonCache):
 
 
 def _real(val, device):
+    """Random data for a fake value; a size that follows a symbol at its example value
+    (``hint``: asking never fixes the symbol)."""
     if isinstance(val, torch.Tensor):
+        shape = [hint(d) for d in val.shape]
         if val.dtype.is_floating_point:
-            return torch.rand(val.shape, dtype=val.dtype, device=device) + 0.5
+            return torch.rand(shape, dtype=val.dtype, device=device) + 0.5
         if val.dtype in (torch.uint8, torch.int8):
             lo = 0 if val.dtype == torch.uint8 else -127
-            return torch.randint(lo, 128, val.shape, dtype=val.dtype, device=device)
-        return torch.zeros(val.shape, dtype=val.dtype, device=device)
+            return torch.randint(lo, 128, shape, dtype=val.dtype, device=device)
+        return torch.zeros(shape, dtype=val.dtype, device=device)
+    if isinstance(val, torch.SymInt) and val.node.hint is not None:
+        return int(val.node.hint)
     return val
 
 
