@@ -174,9 +174,9 @@ def hint(d) -> int:
     if not isinstance(d, torch.SymInt):
         return int(d)
     h = d.node.hint
-    if h is not None:
-        return int(h)
-    return int(d.node.shape_env.size_hint(d.node.expr))
+    if h is None:  # a size the data decides has no example value
+        raise LookupError(f"size {d} has no example value")
+    return int(h)
 
 
 def meta_at_hints(v):
