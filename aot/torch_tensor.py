@@ -244,7 +244,6 @@ class TorchTensor:
         if self.is_contiguous:
             return "contiguous"
         if len(self.shape) == 4 and self.is_symbolic:
-            n, c, h, w = self.shape
             if _symbolic_layout(self, _strides_in_order(self.shape, (1, 3, 2, 0))):
                 return "channels_last"
         elif len(self.shape) == 4 and _same_layout(self, torch.channels_last):

@@ -138,3 +138,13 @@ def test_a_compile_that_fixed_a_dynamic_dimension_is_refused():
     fixed = good.replace("-> !torch.vtensor<[?,20]", "-> !torch.vtensor<[3,20]")
     with pytest.raises(CompileFailed, match="lost a dynamic dimension"):
         _check_dynamic_signature(SimpleNamespace(imported=imp, mlir=fixed))
+
+
+def test_symbolic_specs_know_their_memory_format():
+    cl = TorchTensor("float32", ("s0", 3, "s1", 5), ("15*s1", 1, 15, 3))
+    assert cl.memory_format == "channels_last" and not cl.is_contiguous
+    dense = TorchTensor("float32", ("s0", 3, "s1", 5), ("15*s1", "5*s1", 5, 1))
+    assert dense.is_contiguous and dense.dense() == dense
+    assert cl.dense().strides == ("15*s1", "5*s1", 5, 1)
+    assert cl.bind({"s0": 2, "s1": 4}).memory_format == "channels_last"
+    assert cl.numel is None and cl.bind({"s0": 2, "s1": 4}).numel == 120
