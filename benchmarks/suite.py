@@ -396,7 +396,7 @@ def _right(r: Row) -> bool:
 def summary(rows: list[Row]) -> str:
     """Per model: the fastest correct peer, and ``aot`` (and ``aot-coverage``) against it
     and against eager; geomeans over the models every one of them ran."""
-    ours = ("aot", "aot-coverage")
+    ours = ("aot", "aot-coverage", "aot-dynamic")
     lines = ["| model | fastest peer | peer ms | aot ms | aot vs peer | aot-coverage vs eager |",
              "|---|---|---|---|---|---|"]
     vs_peer, cov = [], []

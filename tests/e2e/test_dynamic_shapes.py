@@ -255,3 +255,21 @@ def test_region_is_measured_at_the_range_end_where_cheap():
         x = torch.randn(n, 16, 32, 32)
         with torch.no_grad():
             _close(cm(x), m(x), 1e-4)
+
+
+def test_prepacked_region_runs_dynamic_linears_through_onednn():
+    """MKL packs a linear's weight for one batch size; a linear whose input follows a
+    symbol runs as oneDNN's ``_linear_pointwise`` (any batch) in a prepacked region."""
+    from aot.fallback.prepack import OneDnnLinear
+    m = torch.nn.Sequential(torch.nn.Linear(512, 1024), torch.nn.GELU(),
+                            torch.nn.Linear(1024, 32)).eval()
+    cm = aot.compile(m, (torch.randn(2, 16, 512),),
+                     dynamic_shapes=({0: Dim("b", min=1, max=64)},),
+                     plan={"format": 1, "region": "aten-prepacked"})
+    assert cm.manifest["region"]["chosen"] == "aten-prepacked"
+    for n in (1, 5, 64):
+        x = torch.randn(n, 16, 512)
+        with torch.no_grad():
+            _close(cm(x), m(x), 1e-5)
+    (call,) = cm.host.functions.values()
+    assert sum(isinstance(f, OneDnnLinear) for f in call.fused.values()) == 2
