@@ -444,7 +444,8 @@ def markdown(rows: list[Row], info: dict, runs: int) -> str:
             f"{_fmt(r.speed_vs_eager, '.2f')}x | {_fmt(r.compile_s, '.1f')} | "
             f"{_fmt(r.peak_rss_mb, '.0f')} | {_fmt(r.kernel_calls_per_run, '.0f')} | {err} |")
     body = head + "\n".join(lines) + "\n"
-    if any(r.system in ("aot", "aot-coverage") for r in rows):
+    peers = {r.system for r in rows} - {"eager", "aot", "aot-coverage", "aot-dynamic"}
+    if any(r.system in ("aot", "aot-coverage") for r in rows) and peers:
         body += "\n" + summary(rows)
     if any(r.system == "aot-dynamic" for r in rows):
         body += "\n" + dynamic_summary(rows)
