@@ -94,6 +94,25 @@ def parse_dynamic(specs: list[str], model, n_inputs: int):
     return tuple(d or None for d in per_input)
 
 
+def _example_for_dynamic(example: tuple, dynamic) -> tuple:
+    """The example with every dynamic dimension of size 1 repeated to 2: torch.export
+    fixes a dimension whose example is 0 or 1, and a bundled model's example has
+    batch 1. (``aot.compile`` leaves the example to its caller and says so instead.)"""
+    if dynamic is None:
+        return example
+    out = list(example)
+    for i, dims in enumerate(dynamic):
+        for d in dims or {}:
+            x = out[i]
+            if hasattr(x, "shape") and x.shape[d] == 1:
+                reps = [1] * x.dim()
+                reps[d] = 2
+                out[i] = x.repeat(*reps)
+                _step(f"input {i} dimension {d} is dynamic and its example size is 1: "
+                      "exporting with 2 (torch.export fixes a dimension whose example is 1)")
+    return tuple(out)
+
+
 def _model_and_inputs(args):
     import torch
     made = _load_factory(args.model)()
@@ -133,6 +152,7 @@ def cmd_compile(args) -> int:
     t0 = time.perf_counter()
     _step(f"exporting {type(model).__name__} ...")
     dynamic = parse_dynamic(args.dynamic, model, len(example))
+    example = _example_for_dynamic(example, dynamic)
     imported = import_model(model, example, options=ImportOptions(strict=args.strict,
                                                                   dynamic_shapes=dynamic))
     if args.emit == "torch":
