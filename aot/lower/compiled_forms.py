@@ -25,9 +25,11 @@ __all__ = ["FORMS", "emit"]
 # names the compiled forms; part of the cost cache's key (``cost``), so a measurement
 # of an op's older form is not reused
 FORMS = ("conv-as-matmul-2+depthwise-as-shifts-3+attention-as-matmuls-1"
-         "+global-pool-as-mean-1+linear-as-2d-1")
+         "+global-pool-as-mean-1+linear-as-2d-2")
 _REWRITES = (conv_as_matmul, depthwise_as_shifts, attention_as_matmuls, global_pool_as_mean,
              linear_as_2d)
+# the forms that also take sizes following a dynamic dimension (``dynamic_shapes``)
+_SYMBOLIC = (linear_as_2d,)
 
 
 def emit(node: torch.fx.Node, g: torch.fx.Graph, env: dict) -> torch.fx.Node | None:
@@ -35,9 +37,10 @@ def emit(node: torch.fx.Node, g: torch.fx.Graph, env: dict) -> torch.fx.Node | N
     its result node; None when ``node`` compiles as it is (the caller copies it)."""
     if node.op != "call_function":
         return None
-    if _follows_symbols(node):
-        return None  # the forms read static sizes: a dynamic dimension keeps the op as written
+    symbolic = _follows_symbols(node)
     for rewrite in _REWRITES:
+        if symbolic and rewrite not in _SYMBOLIC:
+            continue  # it reads static sizes: a dynamic dimension keeps the op as written
         new = rewrite(node, g, env)
         if new is not None:
             return new

@@ -19,6 +19,7 @@ import math
 
 import torch
 
+from ..importer.dynamic import is_symbolic_value
 from .rewrite_nodes import emit_node, source_meta
 
 __all__ = ["linear_as_2d"]
@@ -39,12 +40,23 @@ def linear_as_2d(node: torch.fx.Node, g: torch.fx.Graph, env: dict) -> torch.fx.
     out = node.meta.get("val")
     if xv is None or wv is None or out is None or xv.dim() <= 2 or wv.dim() != 2:
         return None
+    if is_symbolic_value([wv, xv.shape[-1]]):
+        return None  # a dynamic width or weight: left as written
     emit = functools.partial(emit_node, g, keep=source_meta(node))
-    rows, k, n = math.prod(int(d) for d in xv.shape[:-1]), int(xv.shape[-1]), int(wv.shape[0])
-
+    k, n = int(xv.shape[-1]), int(wv.shape[0])
+    lead = list(xv.shape[:-1])
+    if is_symbolic_value(lead):
+        # leading sizes that follow a dynamic dimension: -1 rows, and the sizes read back
+        # from the input (``sym_size``) to restore them
+        rows = -1
+        back = [emit(aten.sym_size.int, (env[x], d), s) if is_symbolic_value(s) else int(s)
+                for d, s in enumerate(lead)] + [n]
+    else:
+        rows = math.prod(int(d) for d in lead)
+        back = list(out.shape)
     flat = emit(aten.reshape.default, (env[x], [rows, k]), xv.reshape(rows, k))
     mm = emit(aten.linear.default, (flat, env[w], env[b] if b is not None else None),
               out.reshape(rows, n))
-    y = emit(aten.reshape.default, (mm, list(out.shape)), out)
+    y = emit(aten.reshape.default, (mm, back), out)
     y.meta = {**dict(node.meta), "val": out}
     return y

@@ -273,3 +273,22 @@ def test_prepacked_region_runs_dynamic_linears_through_onednn():
             _close(cm(x), m(x), 1e-5)
     (call,) = cm.host.functions.values()
     assert sum(isinstance(f, OneDnnLinear) for f in call.fused.values()) == 2
+
+
+def test_linear_on_dynamic_rows_compiles_as_one_2d_matmul():
+    """linear on [batch, seq, k] with both dynamic: -1 rows, sizes read back after."""
+    from aot.importer import ImportOptions, import_model
+    from aot.lower.partition import partition
+    from aot.lower.placement import PlacementPolicy
+    from aot.lower.targets import get_target
+    m = torch.nn.Linear(64, 96).eval()
+    b, s = Dim("b", min=1, max=8), Dim("s", min=2, max=300)
+    dyn = ({0: b, 1: s},)
+    imported = import_model(m, (torch.randn(2, 5, 64),), options=ImportOptions(dynamic_shapes=dyn))
+    mlir = partition(imported, get_target("cpu"), PlacementPolicy(placement="coverage")).mlir
+    assert "torch.aten.linear" in mlir and "!torch.vtensor<[?,64],f32>" in mlir
+    cm = aot.compile(m, (torch.randn(2, 5, 64),), dynamic_shapes=dyn, placement="coverage")
+    for n, length in [(1, 2), (3, 77), (8, 300)]:
+        x = torch.randn(n, length, 64)
+        with torch.no_grad():
+            _close(cm(x), m(x), 1e-5)
