@@ -98,16 +98,14 @@ def _example_for_dynamic(example: tuple, dynamic) -> tuple:
     """The example with every dynamic dimension of size 1 repeated to 2: torch.export
     fixes a dimension whose example is 0 or 1, and a bundled model's example has
     batch 1. (``aot.compile`` leaves the example to its caller and says so instead.)"""
+    from .importer.dynamic import resized
     if dynamic is None:
         return example
     out = list(example)
     for i, dims in enumerate(dynamic):
         for d in dims or {}:
-            x = out[i]
-            if hasattr(x, "shape") and x.shape[d] == 1:
-                reps = [1] * x.dim()
-                reps[d] = 2
-                out[i] = x.repeat(*reps)
+            if hasattr(out[i], "shape") and out[i].shape[d] == 1:
+                out[i] = resized(out[i], d, 2)
                 _step(f"input {i} dimension {d} is dynamic and its example size is 1: "
                       "exporting with 2 (torch.export fixes a dimension whose example is 1)")
     return tuple(out)

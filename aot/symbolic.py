@@ -24,14 +24,20 @@ from __future__ import annotations
 import ast
 import functools
 import math
+import re
 import threading
 
 from .errors import ArtifactError, InputMismatch
 
-__all__ = ["Dim", "Binding", "evaluate", "free_symbols", "bind_inputs", "is_symbolic",
-           "range_text"]
+__all__ = ["Binding", "evaluate", "free_symbols", "bind_inputs", "is_input_symbol"]
 
-Dim = int | str  # a static size, or an expression over symbols
+_INPUT_SYMBOL = re.compile(r"s\d+")
+
+
+def is_input_symbol(name: str) -> bool:
+    """A size the inputs set: torch names those ``s0``, ``s1``...; a value the data
+    decides is ``u0`` (an int) or ``zuf0`` (a float), and never enters a manifest."""
+    return _INPUT_SYMBOL.fullmatch(name) is not None
 
 
 class Binding(threading.local):
@@ -41,10 +47,6 @@ class Binding(threading.local):
 
     def __init__(self):
         self.env: dict[str, int] = {}
-
-
-def is_symbolic(d) -> bool:
-    return isinstance(d, str)
 
 
 def _floordiv(a, b):
@@ -95,7 +97,7 @@ def _eval(node: ast.AST, env: dict, expr: str):
                         "expression this runtime evaluates")
 
 
-def evaluate(d: Dim, env: dict[str, int]) -> int:
+def evaluate(d: int | str, env: dict[str, int]) -> int:
     """The value of a size (an int, or an expression over bound symbols)."""
     if not isinstance(d, str):
         return d
@@ -103,14 +105,14 @@ def evaluate(d: Dim, env: dict[str, int]) -> int:
     return int(v)
 
 
-def free_symbols(d: Dim) -> set[str]:
+def free_symbols(d: int | str) -> set[str]:
     if not isinstance(d, str):
         return set()
     return {n.id for n in ast.walk(_parse(d)) if isinstance(n, ast.Name)
             and n.id not in _FUNCTIONS}
 
 
-def range_text(sym: str, entry: dict) -> str:
+def _range_text(sym: str, entry: dict) -> str:
     name = entry.get("name") or sym
     return f"{name} in {entry['min']}..{entry['max']}"
 
@@ -138,11 +140,11 @@ def bind_inputs(symbols: dict, specs, leaves, names) -> dict[str, int]:
             where = f"{name} dimension {b['dim']}"
             if not entry["min"] <= got <= entry["max"]:
                 raise InputMismatch(f"{where} is {got}, outside the range it was compiled "
-                                    f"for: {range_text(sym, entry)} (symbol {sym})")
+                                    f"for: {_range_text(sym, entry)} (symbol {sym})")
             if sym in env and env[sym] != got:
                 raise InputMismatch(f"{where} is {got}, but {first[sym]} is {env[sym]}: both "
                                     f"are the symbol {entry.get('name') or sym} "
-                                    f"({range_text(sym, entry)}) and must agree")
+                                    f"({_range_text(sym, entry)}) and must agree")
             env.setdefault(sym, got)
             first.setdefault(sym, where)
     return env

@@ -10,7 +10,6 @@ without the compiler.
 from __future__ import annotations
 
 import math
-import re
 from dataclasses import dataclass
 from functools import cached_property
 from typing import Any
@@ -18,6 +17,7 @@ from typing import Any
 import torch
 
 from .errors import InputMismatch
+from .symbolic import evaluate, free_symbols, is_input_symbol
 
 __all__ = ["QuantParams", "TorchTensor", "dtype_from_name", "dtype_name"]
 
@@ -218,8 +218,6 @@ class TorchTensor:
         """The static spec of one call: every symbolic size evaluated with ``env``."""
         if not self.is_symbolic:
             return self
-        from .symbolic import evaluate, free_symbols
-
         def value(d):  # a size whose symbols no input bound stays an expression
             return d if d is None or not free_symbols(d) <= env.keys() else evaluate(d, env)
         return TorchTensor(self.dtype, tuple(value(d) for d in self.shape),
@@ -358,7 +356,7 @@ def _dim(s) -> int | str | None:
     expr = s.node.expr
     if expr.is_number:
         return int(expr)
-    if not all(re.fullmatch(r"s\d+", str(f)) for f in expr.free_symbols):
+    if not all(is_input_symbol(str(f)) for f in expr.free_symbols):
         return None  # not only input sizes (``s0``): data-dependent (``u0``)
     return str(expr)
 

@@ -25,6 +25,7 @@ import time
 import torch
 
 import aot
+from aot.importer.dynamic import resized
 from benchmarks import suite
 
 MODELS = {"resnet18": "resnet18_b1", "bert": "bert", "mobilenet_v2": "mobilenet_v2_b1"}
@@ -32,12 +33,7 @@ MODELS = {"resnet18": "resnet18_b1", "bert": "bert", "mobilenet_v2": "mobilenet_
 
 def _at_batch(example: tuple, n: int) -> tuple:
     """The example's tensors with ``n`` rows (rows repeated, then cut)."""
-    def one(x):
-        if not isinstance(x, torch.Tensor):
-            return x
-        reps = -(-n // x.shape[0])
-        return x.repeat(reps, *([1] * (x.dim() - 1)))[:n].contiguous()
-    return tuple(one(x) for x in example)
+    return tuple(resized(x, 0, n) if isinstance(x, torch.Tensor) else x for x in example)
 
 
 def _interleaved(fns: dict, args: tuple, runs: int) -> dict[str, float]:

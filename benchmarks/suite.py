@@ -228,10 +228,12 @@ def dynamic_batch(example: tuple, lo: int = DYNAMIC_BATCH[0], hi: int = DYNAMIC_
     ``lo..hi``. An example of batch 1 is compiled from its rows repeated to 2
     (``torch.export`` fixes a dimension whose example is 1); it is still timed at 1."""
     from torch.export import Dim
+
+    from aot.importer.dynamic import resized
     batch = Dim("batch", min=lo, max=hi)
     n = next(x.shape[0] for x in example if isinstance(x, torch.Tensor))
-    args = tuple(x.repeat(2, *([1] * (x.dim() - 1))) if isinstance(x, torch.Tensor) and n == 1
-                 else x for x in example)
+    args = tuple(resized(x, 0, 2) if isinstance(x, torch.Tensor) and n == 1 else x
+                 for x in example)
     return args, tuple({0: batch} if isinstance(x, torch.Tensor) else None for x in example)
 
 

@@ -10,15 +10,15 @@ from __future__ import annotations
 
 import inspect
 import math
-import re
 
 import torch
 import torch.fx
 
 from ..errors import ExportFailed
+from ..symbolic import is_input_symbol
 
 __all__ = ["symbol_table", "dim_names", "symbolic_sizes", "is_symbolic_value", "hint",
-           "meta_at_hints"]
+           "meta_at_hints", "resized"]
 
 # a range end torch leaves open (int_oo) is written as this many elements
 _UNBOUNDED = 2 ** 62
@@ -40,7 +40,7 @@ def symbol_table(ep: torch.export.ExportedProgram, flat: list, names: tuple[str,
     vals = {n.name: n.meta.get("val") for n in ep.graph.nodes if n.op == "placeholder"}
     table: dict[str, dict] = {}
     # backed symbols only: an unbacked one (``u0``) is a size the data decides (nonzero)
-    ranges = {str(k): v for k, v in ep.range_constraints.items() if not _unbacked(str(k))}
+    ranges = {str(k): v for k, v in ep.range_constraints.items() if is_input_symbol(str(k))}
     tensor_leaf = [i for i, x in enumerate(flat) if isinstance(x, torch.Tensor)]
     if len(user) != len(flat):
         user_of_leaf = dict(zip(tensor_leaf, [u for u in user
@@ -108,18 +108,12 @@ def dim_names(model, args: tuple, kwargs: dict, dynamic_shapes) -> dict[tuple[in
     return out
 
 
-def _unbacked(name: str) -> bool:
-    """Not a size symbol of the inputs: torch names those ``s0``, ``s1``...; a value the
-    data decides is ``u0`` (an int) or ``zuf0`` (a float)."""
-    return not re.fullmatch(r"s\d+", name)
-
-
 def _backed_expr(v):
     """The sympy expression of a SymInt that follows input symbols (not data), or None."""
     if not isinstance(v, torch.SymInt):
         return None
     expr = v.node.expr
-    if expr.is_number or any(_unbacked(str(f)) for f in expr.free_symbols):
+    if expr.is_number or not all(is_input_symbol(str(f)) for f in expr.free_symbols):
         return None
     return expr
 
@@ -131,20 +125,16 @@ def symbolic_sizes(value):
     from ..fallback.static_values import SymSize
 
     def one(a):
-        if isinstance(a, torch.fx.Node):
-            v = a.meta.get("val")
-            if isinstance(v, int) and not isinstance(v, bool):
-                return v
-            expr = _backed_expr(v)
-            if expr is None:
-                raise LookupError
-            return SymSize(str(expr))
-        if isinstance(a, torch.SymInt):
-            expr = _backed_expr(a)
-            if expr is None:
-                raise LookupError
-            return SymSize(str(expr))
-        return a
+        v = a.meta.get("val") if isinstance(a, torch.fx.Node) else a
+        if not isinstance(v, torch.SymInt):
+            if isinstance(a, torch.fx.Node) and not (isinstance(v, int)
+                                                     and not isinstance(v, bool)):
+                raise LookupError  # a node holding something else only known at run time
+            return v
+        expr = _backed_expr(v)
+        if expr is None:
+            raise LookupError
+        return SymSize(str(expr))
     try:
         if isinstance(value, (list, tuple)):
             out = [one(a) for a in value]
@@ -189,3 +179,12 @@ def meta_at_hints(v):
     if isinstance(v, torch.SymInt):
         return hint(v)
     return v
+
+
+def resized(x: torch.Tensor, dim: int, n: int) -> torch.Tensor:
+    """``x`` with ``n`` entries along ``dim``: its own repeated, then cut (an example
+    input at another size of a dynamic dimension, its values still valid inputs)."""
+    reps = [1] * x.dim()
+    reps[dim] = -(-n // x.shape[dim])
+    # a clone, not a view: torch.export gives a view input's base sizes symbols of their own
+    return x.repeat(*reps).narrow(dim, 0, n).clone()

@@ -102,6 +102,7 @@ from ..fallback.quantized_ops import NAMESPACE as QUANTIZED_NAMESPACE
 from ..fallback.quantized_ops import packing_engine_available
 from ..fallback.executor import ExecOptions
 from ..fallback.layout import has_conv, layout_safe
+from ..importer.dynamic import resized
 from ..importer.program import ImportedProgram
 from .cost import MIN_FLOPS, machine_key
 from .flops import node_flops
@@ -481,10 +482,7 @@ def _range_end(imported: ImportedProgram, example, stats: dict):
     flat, spec = pytree.tree_flatten((args, kwargs))
     for sym, e in imported.symbols.items():
         for b in e["binds"]:
-            x, d = flat[b["input"]], b["dim"]
-            reps = [1] * x.dim()
-            reps[d] = -(-ends[sym] // x.shape[d])
-            flat[b["input"]] = x.repeat(*reps).narrow(d, 0, ends[sym]).contiguous()
+            flat[b["input"]] = resized(flat[b["input"]], b["dim"], ends[sym])
     return _sizes_of(imported, ends), pytree.tree_unflatten(flat, spec)
 
 
