@@ -54,7 +54,7 @@ def compile(model, args=(), *, example_kwargs=None, target: str = "cpu", fallbac
         dynamic_shapes: what ``torch.export.export`` takes (``torch.export.Dim`` per
             input dimension): those dimensions stay dynamic, and the artifact serves
             every size in their ranges (README, "Dynamic shapes"). Placement is
-            measured at the example's sizes; give an example of at least 2 there.
+            measured at the example's sizes (an example of 1 is exported at 2).
         plan: the decisions of an earlier compile to reuse instead of measuring
             (``CompiledModule.plan()``, or the path of a JSON file holding it).
             Without it, a decision measured on this machine for this program is

@@ -94,23 +94,6 @@ def parse_dynamic(specs: list[str], model, n_inputs: int):
     return tuple(d or None for d in per_input)
 
 
-def _example_for_dynamic(example: tuple, dynamic) -> tuple:
-    """The example with every dynamic dimension of size 1 repeated to 2: torch.export
-    fixes a dimension whose example is 0 or 1, and a bundled model's example has
-    batch 1. (``aot.compile`` leaves the example to its caller and says so instead.)"""
-    from .importer.dynamic import resized
-    if dynamic is None:
-        return example
-    out = list(example)
-    for i, dims in enumerate(dynamic):
-        for d in dims or {}:
-            if hasattr(out[i], "shape") and out[i].shape[d] == 1:
-                out[i] = resized(out[i], d, 2)
-                _step(f"input {i} dimension {d} is dynamic and its example size is 1: "
-                      "exporting with 2 (torch.export fixes a dimension whose example is 1)")
-    return tuple(out)
-
-
 def _model_and_inputs(args):
     import torch
     made = _load_factory(args.model)()
@@ -150,7 +133,6 @@ def cmd_compile(args) -> int:
     t0 = time.perf_counter()
     _step(f"exporting {type(model).__name__} ...")
     dynamic = parse_dynamic(args.dynamic, model, len(example))
-    example = _example_for_dynamic(example, dynamic)
     imported = import_model(model, example, options=ImportOptions(strict=args.strict,
                                                                   dynamic_shapes=dynamic))
     if args.emit == "torch":

@@ -62,6 +62,16 @@ def format_report(manifest: dict) -> str:
         lines.append(f"region placement, measured end to end on this machine (median ms "
                      f"± half the interquartile range): {times or 'not measured'} -> "
                      f"{region['chosen']}")
+        end = region.get("at_range_end_ms") or {}
+        if end:
+            at = ", ".join(f"{k}={v}" for k, v in (region.get("measured_at") or [{}])[-1].items())
+            lines.append(f"  at the range's end ({at}), which settles near-ties only: "
+                         + ", ".join(f"{k} {v:.3f}" for k, v in end.items()))
+            best = min(end, key=end.get)
+            if end.get(region["chosen"], 0) > 1.25 * end[best]:
+                lines.append(f"  there {best} is {end[region['chosen']] / end[best]:.2f}x "
+                             f"faster than {region['chosen']}: an example at the size called "
+                             "most makes the choice for that size")
         if region.get("source", "measured") != "measured":
             lines.append(f"  the decision was {region['source']}")
     if manifest.get("driver") == "local-sync":

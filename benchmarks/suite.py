@@ -225,16 +225,12 @@ def _build(system: str, model, example, target: str):
 
 def dynamic_batch(example: tuple, lo: int = DYNAMIC_BATCH[0], hi: int = DYNAMIC_BATCH[1]):
     """``(args, dynamic_shapes)``: dimension 0 of every tensor input one ``batch`` Dim in
-    ``lo..hi``. An example of batch 1 is compiled from its rows repeated to 2
-    (``torch.export`` fixes a dimension whose example is 1); it is still timed at 1."""
+    ``lo..hi``; the example as it is (an example of batch 1 is exported at 2 by the
+    importer and measured at 1)."""
     from torch.export import Dim
 
-    from aot.importer.dynamic import resized
     batch = Dim("batch", min=lo, max=hi)
-    n = next(x.shape[0] for x in example if isinstance(x, torch.Tensor))
-    args = tuple(resized(x, 0, 2) if isinstance(x, torch.Tensor) and n == 1 else x
-                 for x in example)
-    return args, tuple({0: batch} if isinstance(x, torch.Tensor) else None for x in example)
+    return example, tuple({0: batch} if isinstance(x, torch.Tensor) else None for x in example)
 
 
 def _rel_err(got, want) -> float:

@@ -13,11 +13,12 @@ import math
 
 import torch
 import torch.fx
+import torch.utils._pytree as pytree
 
 from ..errors import ExportFailed
 from ..symbolic import is_input_symbol
 
-__all__ = ["symbol_table", "dim_names", "symbolic_sizes", "is_symbolic_value", "hint",
+__all__ = ["symbol_table", "declared_dims", "dim_names", "export_example", "symbolic_sizes", "is_symbolic_value", "hint",
            "meta_at_hints", "resized"]
 
 # a range end torch leaves open (int_oo) is written as this many elements
@@ -73,13 +74,14 @@ def symbol_table(ep: torch.export.ExportedProgram, flat: list, names: tuple[str,
     return table
 
 
-def dim_names(model, args: tuple, kwargs: dict, dynamic_shapes) -> dict[tuple[int, int], str]:
-    """``(flat input leaf, dim) -> the Dim's name`` where ``dynamic_shapes`` names one.
+def declared_dims(model, args: tuple, kwargs: dict, dynamic_shapes) -> dict[tuple[int, int], object]:
+    """``(flat input leaf, dim) -> its Dim`` (or ``Dim.AUTO``/``Dim.DYNAMIC``) for every
+    dimension ``dynamic_shapes`` declares.
 
     ``dynamic_shapes`` is what ``torch.export`` takes: a tuple/list following ``args``
     (then ``kwargs`` by name), or a dict keyed by ``forward``'s parameter names; per
     tensor a dict ``{dim: Dim}`` or a list with a ``Dim`` or None per dimension.
-    Anything else (nested inputs) is named by its symbol only.
+    Nested inputs are left out (their symbols are still found from the export).
     """
     if dynamic_shapes is None:
         return {}
@@ -100,12 +102,37 @@ def dim_names(model, args: tuple, kwargs: dict, dynamic_shapes) -> dict[tuple[in
         items = spec.items() if isinstance(spec, dict) else (
             enumerate(spec) if isinstance(spec, (list, tuple)) else ())
         for d, dim in items:
-            name = getattr(dim, "__name__", None)
-            if isinstance(d, int) and isinstance(name, str) and name not in ("AUTO", "DYNAMIC",
-                                                                             "STATIC"):
-                out[(flat_i, d % leaf.dim())] = name
+            if isinstance(d, int) and dim is not None and -leaf.dim() <= d < leaf.dim() \
+                    and getattr(dim, "__name__", None) != "STATIC":
+                out[(flat_i, d % leaf.dim())] = dim
         flat_i += 1
     return out
+
+
+def dim_names(declared: dict[tuple[int, int], object]) -> dict[tuple[int, int], str]:
+    """``(flat input leaf, dim) -> the Dim's name`` where the user named one."""
+    return {k: dim.__name__ for k, dim in declared.items()
+            if isinstance(getattr(dim, "__name__", None), str)
+            and dim.__name__ not in ("AUTO", "DYNAMIC")}
+
+
+def export_example(args: tuple, kwargs: dict, declared: dict[tuple[int, int], object],
+                   names: tuple[str, ...]) -> tuple[tuple, dict, list[str]]:
+    """``(args, kwargs, notes)`` to export with: every declared dimension whose example
+    size is 1 (and whose range reaches 2) repeated to 2. torch.export fixes a dimension
+    whose example is 0 or 1; the user's own example still sets the sizes placement is
+    measured at, and the manifest's example sizes."""
+    flat, spec = pytree.tree_flatten((args, kwargs))
+    notes = []
+    for (leaf, d), dim in sorted(declared.items(), key=lambda kv: kv[0]):
+        x = flat[leaf] if leaf < len(flat) else None
+        hi = getattr(dim, "max", None)
+        if isinstance(x, torch.Tensor) and x.shape[d] == 1 and (
+                not isinstance(hi, int) or hi >= 2):
+            flat[leaf] = resized(x, d, 2)
+            notes.append(f"{names[leaf]} dimension {d}")
+    out_args, out_kwargs = pytree.tree_unflatten(flat, spec)
+    return tuple(out_args), dict(out_kwargs), notes
 
 
 def _backed_expr(v):

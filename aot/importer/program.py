@@ -18,7 +18,7 @@ import torch.utils._pytree as pytree
 from ..errors import ExportFailed, UnsupportedOp
 from ..fallback import static_values
 from ..torch_tensor import TorchTensor
-from .dynamic import dim_names, symbol_table
+from .dynamic import declared_dims, dim_names, export_example, symbol_table
 from .locations import node_location
 from .qdq import rewrite_qdq
 from .quantized import is_eager_quantized, rewrite_eager_quantized
@@ -117,14 +117,19 @@ def import_model(model: torch.nn.Module, args: tuple, kwargs: dict | None = None
     if is_eager_quantized(model):
         log.info("rewriting eager-mode quantized %s into aot_q ops", name)
         model, args, kwargs, boundary = rewrite_eager_quantized(model, args, kwargs)
-    ep = rewrite_qdq(_export(model, args, kwargs, options, name))
+    names = _input_names(args, kwargs)
+    declared = declared_dims(model, args, kwargs, options.dynamic_shapes)
+    ex_args, ex_kwargs, widened = export_example(args, kwargs, declared, names)
+    if widened:
+        log.warning("%s dynamic with an example size of 1: exporting with 2 (torch.export "
+                    "fixes a dimension whose example is 0 or 1); placement is measured at "
+                    "your example", ", ".join(widened))
+    ep = rewrite_qdq(_export(model, ex_args, ex_kwargs, options, name))
     _check_functional(ep)
     flat, _ = pytree.tree_flatten((args, kwargs))
-    names = _input_names(args, kwargs)
     flat_inputs = tuple(TorchTensor.from_tensor(x) if isinstance(x, torch.Tensor)
                         else ("static", _static_input(x, n)) for x, n in zip(flat, names))
-    symbols = symbol_table(ep, flat, names, dim_names(model, args, kwargs,
-                                                      options.dynamic_shapes))
+    symbols = symbol_table(ep, flat, names, dim_names(declared))
     if symbols:  # input specs from export's symbolic shapes, not the example's sizes
         flat_inputs = _symbolic_inputs(ep, flat_inputs)
     outputs = _output_specs(ep)
@@ -243,8 +248,8 @@ def _export_modes(model, args, kwargs, options, name) -> torch.export.ExportedPr
             hint = "rewrite data-dependent Python control flow with torch.cond"
             if options.dynamic_shapes is not None and "Constraints violated" in str(e2):
                 hint = ("dynamic_shapes: torch.export fixed a dimension declared dynamic; an "
-                        "example size of 0 or 1 is always fixed (give an example of at least "
-                        "2), and a model that compares the size to a constant or ties it to "
+                        "example size of 0 is always fixed (give an example of at least 1), "
+                        "and a model that compares the size to a constant or ties it to "
                         "another size fixes it too (TORCH_LOGS=+dynamic says where)")
                 fixes = _suggested_fixes(str(e2))
                 if fixes:

@@ -36,7 +36,7 @@ from .fold_bn import fold_batch_norm
 from .fold_constants import fold_constants
 from .recover import blame, grow
 from .regions import choose_region, pick_variant, worth_measuring
-from .tiling import DYNAMIC_UNSAFE, tiled_target, worth_tiling
+from .tiling import DYNAMIC_UNSAFE, safe_for_dynamic, tiled_target, worth_tiling
 from .targets import Target
 
 __all__ = ["compile_program", "compile_model", "prepare"]
@@ -62,15 +62,15 @@ def _holds_f64(imported: ImportedProgram) -> bool:
 
 def _for_program(imported: ImportedProgram, target: Target) -> Target:
     """The target's flags for this program (float64 kept when the program holds it; a
-    dynamic program without the flags IREE miscompiles dynamic shapes with)."""
+    dynamic program's data tiling through the path that is exact on dynamic shapes)."""
     if _holds_f64(imported) and KEEP_F64 not in target.flags:
         target = dataclasses.replace(target, flags=tuple(target.flags) + (KEEP_F64,))
     unsafe = [f for f in target.flags if f in DYNAMIC_UNSAFE]
     if imported.symbols and unsafe:
-        log.warning("dropping %s: IREE %s computes wrong results with them on dynamic shapes "
-                    "(aot.lower.tiling.DYNAMIC_UNSAFE)", " ".join(unsafe), _iree_version())
-        target = dataclasses.replace(target, flags=tuple(f for f in target.flags
-                                                         if f not in DYNAMIC_UNSAFE))
+        log.warning("replacing %s by --iree-global-opt-data-tiling: IREE %s computes wrong "
+                    "results with it on dynamic shapes (aot.lower.tiling.DYNAMIC_UNSAFE)",
+                    " ".join(unsafe), _iree_version())
+        target = dataclasses.replace(target, flags=safe_for_dynamic(tuple(target.flags)))
     return target
 
 
@@ -207,7 +207,7 @@ def _coverage_variant(imported: ImportedProgram, target: Target, policy: Placeme
     """
     tiled = worth_tiling(imported, target, policy)
     if tiled:
-        name, vtarget = "iree-tiled", tiled_target(target)
+        name, vtarget = "iree-tiled", tiled_target(target, dynamic=bool(imported.symbols))
     else:
         measured = [pl for pl in per_op.manifest["placements"] if pl["where"] != "compiled"]
         if policy.placement != "auto" or not 0 < len(measured) <= COVERAGE_MAX_CALLS or any(

@@ -175,11 +175,50 @@ def test_save_and_load_a_dynamic_artifact(two_inputs, tmp_path):
         loaded(torch.randn(20, 5, 3), torch.ones(20, 5))
 
 
-def test_a_size_one_example_on_a_dynamic_dimension_says_why():
-    with pytest.raises(ExportFailed, match="example size of 0 or 1 is always fixed"):
-        aot.compile(TwoInputs(), (torch.randn(1, 5, 3), torch.ones(1, 5)),
-                    dynamic_shapes=({0: Dim("batch", min=1, max=8)},
-                                    {0: Dim("batch", min=1, max=8)}))
+def test_a_size_one_example_exports_with_two_and_is_measured_at_one(caplog):
+    """torch.export fixes a dimension whose example is 1: the import exports with 2,
+    and the user's own example (1) stays the size recorded and measured."""
+    torch.manual_seed(0)
+    m = torch.nn.Sequential(torch.nn.Linear(6, 16), torch.nn.ReLU(), torch.nn.Linear(16, 2))
+    cm = aot.compile(m.eval(), (torch.randn(1, 6),),
+                     dynamic_shapes=({0: Dim("batch", min=1, max=8)},))
+    assert "args[0] dimension 0 dynamic with an example size of 1: exporting with 2" \
+        in caplog.text
+    (entry,) = cm.manifest["symbols"].values()
+    assert (entry["name"], entry["example"]) == ("batch", 1)
+    region = cm.manifest.get("region")
+    if region and "measured_at" in region:
+        assert region["measured_at"][0] == {"batch": 1}
+    for n in (1, 2, 8):
+        x = torch.randn(n, 6)
+        with torch.no_grad():
+            _close(cm(x), m(x), 1e-5)
+
+
+class FixesBatch(torch.nn.Module):
+    def forward(self, x):
+        return x.reshape(4, -1)  # ties the batch to 4
+
+
+def test_a_dimension_the_model_fixes_says_why():
+    with pytest.raises(ExportFailed, match="fixed a dimension declared dynamic") as e:
+        aot.compile(FixesBatch(), (torch.randn(4, 5),),
+                    dynamic_shapes=({0: Dim("batch", min=1, max=8)},))
+    assert "torch suggests" in str(e.value)
+
+
+def test_dim_auto_and_dynamic_are_symbols_named_by_torch():
+    m = TwoInputs()
+    cm = aot.compile(m, (torch.randn(3, 5, 3), torch.ones(3, 5)),
+                     dynamic_shapes=({0: Dim.DYNAMIC}, {0: Dim.AUTO}))
+    (sym, entry), = cm.manifest["symbols"].items()
+    assert entry["name"] == sym and entry["example"] == 3
+    assert [b["input"] for b in entry["binds"]] == [0, 1]
+    for n in (2, 7):
+        x, mask = torch.randn(n, 5, 3), (torch.rand(n, 5) > 0.5).float()
+        torch.testing.assert_close(cm(x, mask), m(x, mask), rtol=0, atol=0)
+    with pytest.raises(InputMismatch, match=f"symbol {sym}"):
+        cm(torch.randn(2, 5, 3), torch.ones(3, 5))
 
 
 @pytest.fixture(scope="module")
@@ -250,7 +289,9 @@ def test_region_is_measured_at_the_range_end_where_cheap():
                      dynamic_shapes=({0: Dim("batch", min=1, max=6)},))
     region = cm.manifest["region"]
     assert region["measured_at"] == [{"batch": 2}, {"batch": 6}]
+    assert set(region["at_range_end_ms"]) == set(region["candidates_ms"])
     assert "the region end to end at (batch=2) and (batch=6)" in cm.report()
+    assert "at the range's end (batch=6)" in cm.report()
     for n in (1, 6):
         x = torch.randn(n, 16, 32, 32)
         with torch.no_grad():

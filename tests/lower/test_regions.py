@@ -124,3 +124,27 @@ def test_slow_candidates_skip_the_untimed_call_before_their_blocks():
                    lambda: None, samples, settled={"slow"})
     assert calls["slow"] == regions._BLOCK and len(samples["slow"]) == regions._BLOCK
     assert calls["fast"] > regions._BLOCK and len(samples["fast"]) == regions._BLOCK
+
+
+def test_the_example_decides_and_the_range_end_settles_near_ties():
+    from aot.lower.regions import _decide, _settle_at_range_end
+
+    def stats(**ms):
+        return {k: (v, 0.01, 20) for k, v in ms.items()}
+    # the small BERT encoder's shape of the problem: tiled IREE best at the example,
+    # the ATen region best at the range's end: the example decides
+    region = _decide(stats(iree=2.0, **{"iree-tiled": 1.08, "aten": 1.26}))
+    _settle_at_range_end(region, stats(iree=2.0, **{"iree-tiled": 1.08, "aten": 1.26}),
+                         stats(iree=56.7, **{"iree-tiled": 58.7, "aten": 35.0}))
+    assert region["chosen"] == "iree-tiled"
+    assert region["at_range_end_ms"]["aten"] == 35.0
+    # a near-tie at the example (within 3%) goes to the one clearly faster at the end
+    ex = stats(iree=1.00, aten=1.02)
+    region = _decide(ex)
+    assert region["chosen"] == "iree"
+    _settle_at_range_end(region, ex, stats(iree=50.0, aten=30.0))
+    assert region["chosen"] == "aten"
+    # ... and stays put when the end is a near-tie too
+    region = _decide(ex)
+    _settle_at_range_end(region, ex, stats(iree=30.5, aten=30.0))
+    assert region["chosen"] == "iree"

@@ -4,11 +4,14 @@ summation order)."""
 
 import torch
 
+from torch.export import Dim
+
 import aot
-from aot.importer import import_model
+from aot.importer import ImportOptions, import_model
 from aot.lower.placement import PlacementPolicy
 from aot.lower.targets import get_target
-from aot.lower.tiling import TILING_FLAGS, tiled_target, untiled, worth_tiling
+from aot.lower.tiling import (DYNAMIC_TILING_FLAGS, TILING_FLAGS, safe_for_dynamic, tiled_target,
+                              untiled, worth_tiling)
 
 
 class Mlp(torch.nn.Module):
@@ -61,6 +64,45 @@ def test_untiled_undoes_tiled_target():
     cpu = get_target("cpu")
     assert set(TILING_FLAGS) <= set(tiled_target(cpu).flags)
     assert untiled(tiled_target(cpu)) == cpu
+    assert set(DYNAMIC_TILING_FLAGS) <= set(tiled_target(cpu, dynamic=True).flags)
+    assert untiled(tiled_target(cpu, dynamic=True)) == cpu
+
+
+def test_dynamic_programs_are_tiled_through_the_global_optimization_path():
+    imp = import_model(Mlp().eval(), (torch.randn(4, 64),), None,
+                       ImportOptions(dynamic_shapes=({0: Dim("rows", min=2, max=64)},)))
+    assert worth_tiling(imp, get_target("cpu"), PlacementPolicy())
+    flags = safe_for_dynamic(("--iree-opt-data-tiling", "--iree-llvmcpu-enable-ukernels=all"))
+    assert flags == ("--iree-llvmcpu-enable-ukernels=all", "--iree-global-opt-data-tiling")
+
+
+class LinearAttention(torch.nn.Module):
+    """q, k and v from one linear's view/permute, then softmax(q @ k^T) @ v: the program
+    IREE 3.13's dispatch-creation data tiling gets wrong from 65 tokens on."""
+
+    def __init__(self):
+        super().__init__()
+        self.qkv = torch.nn.Linear(64, 192)
+
+    def forward(self, x):
+        b, s, h = x.shape
+        q, k, v = self.qkv(x).view(b, s, 3, 2, h // 2).permute(2, 0, 3, 1, 4)
+        return torch.softmax(q @ k.transpose(-1, -2), -1) @ v
+
+
+def test_dynamic_attention_tiled_with_the_users_flags_gives_eagers_values(caplog):
+    torch.manual_seed(0)
+    m = LinearAttention().eval()
+    dyn = ({0: Dim("batch", min=1, max=4), 1: Dim("seq", min=2, max=256)},)
+    cm = aot.compile(m, (torch.randn(2, 16, 64),), dynamic_shapes=dyn, placement="coverage",
+                     extra_flags=TILING_FLAGS)
+    assert "--iree-opt-data-tiling" not in cm.manifest["flags"]
+    assert set(DYNAMIC_TILING_FLAGS) <= set(cm.manifest["flags"])
+    assert "--iree-global-opt-data-tiling" in caplog.text
+    for n, length in [(1, 16), (1, 65), (3, 100), (2, 256)]:
+        x = torch.randn(n, length, 64)
+        with torch.no_grad():  # float32, IREE's summation order
+            torch.testing.assert_close(cm(x), m(x), rtol=1e-4, atol=1e-5)
 
 
 def test_a_coverage_compile_times_both_variants_and_gives_eagers_values():
