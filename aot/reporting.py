@@ -46,7 +46,11 @@ def format_report(manifest: dict) -> str:
         example = ", ".join(f"{e.get('name') or sym}={e['example']}" for sym, e in symbols.items())
         at = [", ".join(f"{k}={v}" for k, v in sizes.items())
               for sizes in (manifest.get("region") or {}).get("measured_at") or []]
-        where = (f"per-op costs at the example's sizes ({example}), the region end to end at "
+        exported = ", ".join(f"{e.get('name') or sym}={e.get('exported', e['example'])}"
+                             for sym, e in symbols.items())
+        costs = f"the example's sizes ({example})" if exported == example else \
+            f"the sizes exported with ({exported})"
+        where = (f"per-op costs at {costs}, the region end to end at "
                  + " and ".join(f"({a})" for a in at)) if len(at) > 1 else \
             f"costs and regions at the example's sizes ({example})"
         lines.append(f"dynamic shapes: {dims}; one artifact serves every size in range. "

@@ -65,6 +65,8 @@ def symbol_table(ep: torch.export.ExportedProgram, flat: list, names: tuple[str,
                 "min": _end(r.lower, 0) if r is not None else 0,
                 "max": _end(r.upper, _UNBOUNDED) if r is not None else _UNBOUNDED,
                 "example": int(flat[leaf].shape[d]), "binds": []})
+            if size.node.hint is not None and int(size.node.hint) != entry["example"]:
+                entry["exported"] = int(size.node.hint)  # an example of 1, exported at 2
             entry["binds"].append({"input": leaf, "name": names[leaf], "dim": d})
     missing = set(ranges) - set(table)
     if missing:

@@ -186,9 +186,11 @@ def test_a_size_one_example_exports_with_two_and_is_measured_at_one(caplog):
         in caplog.text
     (entry,) = cm.manifest["symbols"].values()
     assert (entry["name"], entry["example"]) == ("batch", 1)
+    assert entry["exported"] == 2
     region = cm.manifest.get("region")
     if region and "measured_at" in region:
         assert region["measured_at"][0] == {"batch": 1}
+        assert "per-op costs at the sizes exported with (batch=2)" in cm.report()
     for n in (1, 2, 8):
         x = torch.randn(n, 6)
         with torch.no_grad():
