@@ -241,6 +241,20 @@ class IntFunctional(torch.nn.Module):
         return super().__getattr__(name)
 
 
+class NotCalled(torch.nn.Module):
+    """Stands in for a quantized module the example run never called (its packed
+    weights cannot be exported, and its input's qparams are unknown)."""
+
+    def __init__(self, path, mod):
+        super().__init__()
+        self.path, self.kind = path, f"{type(mod).__module__}.{type(mod).__name__}"
+
+    def forward(self, *args, **kwargs):
+        raise UnsupportedOp(f"quantized module {self.path!r} ({self.kind}) was not called in "
+                            "the example run, so its input quantization parameters are "
+                            "unknown; give example inputs that reach it")
+
+
 def _replacement(path, m, seen):
     import torch.ao.nn.intrinsic.quantized as nniq
     import torch.ao.nn.quantized as nnq
@@ -255,6 +269,8 @@ def _replacement(path, m, seen):
         return IntDeQuantize(x_qp) if x_qp else torch.nn.Identity()
     if x_qp is None and not _is_quantized_module(m):
         return None  # float module on float data: untouched
+    if path not in seen and _is_quantized_module(m):
+        return NotCalled(path, m)  # forward never calls it: no input qparams to model
     if type(m) in (nniq.ConvReLU2d, nnq.Conv2d):
         return IntConv2d(m, path, x_qp, relu=isinstance(m, nniq.ConvReLU2d))
     if type(m) in (nniq.LinearReLU, nnq.Linear):

@@ -291,3 +291,20 @@ def test_int8_weights_packed_for_onednn_stay_within_one_step(tmp_path, qresnet_x
         **a.manifest["executor"], "quantized_engine": "no-such-engine"}}, a.constants)
     with pytest.raises(aot.ArtifactError, match="no-such-engine"):
         CompiledModule(bad)
+
+
+def test_a_quantized_submodule_forward_never_calls_is_left_out():
+    class M(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.quant, self.dequant = tq.QuantStub(), tq.DeQuantStub()
+            self.conv = torch.nn.Conv2d(3, 4, 3)
+            self.unused = torch.nn.Conv2d(4, 4, 1)  # quantized by convert, never called
+
+        def forward(self, x):
+            return self.dequant(self.conv(self.quant(x)))
+
+    m = _eager_quantize(M(), torch.randn(2, 3, 8, 8))
+    cm = aot.compile(m, (torch.randn(2, 3, 8, 8),), fallback_ops=["aot_q"])
+    x = torch.randn(2, 3, 8, 8)
+    torch.testing.assert_close(cm(x), m(x), rtol=0, atol=0)  # int8 kernels: bit-exact
