@@ -18,8 +18,8 @@ import torch.utils._pytree as pytree
 from ..errors import ExportFailed
 from ..symbolic import is_input_symbol
 
-__all__ = ["symbol_table", "declared_dims", "dim_names", "export_example", "symbolic_sizes", "is_symbolic_value", "hint",
-           "meta_at_hints", "resized"]
+__all__ = ["symbol_table", "declared_dims", "dim_names", "export_example", "symbolic_sizes",
+           "is_symbolic_value", "hint", "meta_at_hints", "resized"]
 
 # a range end torch leaves open (int_oo) is written as this many elements
 _UNBOUNDED = 2 ** 62

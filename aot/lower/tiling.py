@@ -81,9 +81,8 @@ def worth_tiling(imported: ImportedProgram, target: Target, policy: PlacementPol
     """A CPU program whose heavy FLOPs are mostly matmuls, flags not chosen by the user."""
     if target.backend != "llvm-cpu" or policy.fallback == "all" or target.profile != "default":
         return False
-    if any(f.startswith(("--iree-opt-data-tiling", "--iree-dispatch-creation-data-tiling",
-                         "--iree-global-opt-data-tiling", "--iree-llvmcpu-enable-ukernels"))
-           for f in target.flags):
+    if any(f.startswith(DYNAMIC_UNSAFE + DYNAMIC_TILING_FLAGS[:1]
+                        + ("--iree-llvmcpu-enable-ukernels",)) for f in target.flags):
         return False
     return _matmul_share(imported, convs=policy.placement == "coverage") >= MATMUL_SHARE
 

@@ -182,13 +182,20 @@ def test_unsupported_quantized_module_is_a_clear_error():
         aot.compile(m, (torch.tensor([[1, 2, 3]]),))
 
 
-def test_unmodelled_op_on_quantized_tensor_is_refused_not_wrong():
-    class M(torch.nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.quant, self.dequant = tq.QuantStub(), tq.DeQuantStub()
-            self.conv = torch.nn.Conv2d(3, 4, 3)
+class _QuantConv(torch.nn.Module):
+    """quant -> conv -> dequant, for eager-mode quantization."""
 
+    def __init__(self):
+        super().__init__()
+        self.quant, self.dequant = tq.QuantStub(), tq.DeQuantStub()
+        self.conv = torch.nn.Conv2d(3, 4, 3)
+
+    def forward(self, x):
+        return self.dequant(self.conv(self.quant(x)))
+
+
+def test_unmodelled_op_on_quantized_tensor_is_refused_not_wrong():
+    class M(_QuantConv):
         def forward(self, x):
             y = self.conv(self.quant(x))
             return self.dequant(torch.relu(y))  # quantized relu: clamps at the zero point
@@ -294,15 +301,10 @@ def test_int8_weights_packed_for_onednn_stay_within_one_step(tmp_path, qresnet_x
 
 
 def test_a_quantized_submodule_forward_never_calls_is_left_out():
-    class M(torch.nn.Module):
+    class M(_QuantConv):
         def __init__(self):
             super().__init__()
-            self.quant, self.dequant = tq.QuantStub(), tq.DeQuantStub()
-            self.conv = torch.nn.Conv2d(3, 4, 3)
             self.unused = torch.nn.Conv2d(4, 4, 1)  # quantized by convert, never called
-
-        def forward(self, x):
-            return self.dequant(self.conv(self.quant(x)))
 
     m = _eager_quantize(M(), torch.randn(2, 3, 8, 8))
     cm = aot.compile(m, (torch.randn(2, 3, 8, 8),), fallback_ops=["aot_q"])
