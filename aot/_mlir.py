@@ -8,9 +8,9 @@ never pulls in ``iree.compiler``.
 from __future__ import annotations
 
 from iree.compiler import ir  # noqa: F401  (re-exported)
-from iree.compiler.extras.fx_importer import FxImporter, FxImporterHooks  # noqa: F401
+from iree.compiler.extras.fx_importer import FxImporter, FxImporterHooks, RefTracker  # noqa: F401
 
-__all__ = ["ir", "FxImporter", "FxImporterHooks", "new_context"]
+__all__ = ["ir", "FxImporter", "FxImporterHooks", "RefTracker", "new_context"]
 
 
 def new_context() -> "ir.Context":

@@ -334,11 +334,29 @@ def _checks(m: dict, constants_len: int) -> None:
     _constants(m, constants_len)
     _symbols(m, inputs)
     _host_program(m, len(inputs))
+    _specialized(m)
     for key, types in (("compile_seconds", (int, float)), ("folded_ops", int),
                        ("policy", dict), ("region", dict)):
         v = m.get(key)
         _need(v is None or (isinstance(v, types) and not isinstance(v, bool)), key,
               f"expected {_names(types)}, got {type(v).__name__}")
+
+
+def _specialized(m: dict) -> None:
+    """``specialized`` (aot.lower.specialize): the entry function and, per symbol of the
+    ``symbols`` table, the example size it serves."""
+    spec = m.get("specialized")
+    if spec is None:
+        return
+    _need(isinstance(spec, dict), "specialized", "expected an object or null")
+    if not spec.get("kept"):
+        return
+    _need(isinstance(spec.get("function"), str) and spec["function"] != "main",
+          "specialized.function", "expected the name of a function other than main")
+    at, symbols = spec.get("at"), m.get("symbols") or {}
+    _need(isinstance(at, dict) and set(at) == set(symbols) and all(
+        isinstance(v, int) and not isinstance(v, bool) for v in at.values()),
+        "specialized.at", "expected an integer size for each symbol of the symbols table")
 
 
 def check_manifest(manifest: dict, constants_len: int, path: str) -> None:

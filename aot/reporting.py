@@ -55,6 +55,12 @@ def format_report(manifest: dict) -> str:
             f"costs and regions at the example's sizes ({example})"
         lines.append(f"dynamic shapes: {dims}; one artifact serves every size in range. "
                      f"Measured: {where}")
+        spec = manifest.get("specialized") or {}
+        if spec.get("kept"):
+            sizes = ", ".join(f"{k}={v}" for k, v in spec["sizes"].items())
+            lines.append(f"  specialised at the example ({sizes}): the module also holds the "
+                         f"program compiled for those sizes ({spec['function']}), called when "
+                         "a call's sizes are the example's; every other size runs main")
     if manifest.get("folded_ops"):
         lines.append(f"{manifest['folded_ops']} op(s) read only constants: computed once at "
                      "compile time and stored as constants (not counted above)")

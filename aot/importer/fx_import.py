@@ -15,9 +15,11 @@ import torch
 import torch.fx
 import torch.utils._pytree as pytree
 
-from .._mlir import FxImporter, ir, new_context
+import hashlib
 
-__all__ = ["stateless_graph", "import_graph", "NodeRewrite", "DROP"]
+from .._mlir import FxImporter, RefTracker, ir, new_context
+
+__all__ = ["stateless_graph", "import_graph", "import_graphs", "NodeRewrite", "DROP"]
 
 DROP = object()  # a rewrite's answer for "leave this node out" (e.g. metadata asserts)
 
@@ -61,4 +63,33 @@ def import_graph(graph: torch.fx.Graph, *, func_name: str = "main",
     """Import one stateless FX graph as ``func_name`` into ``module`` (or a new one)."""
     importer = FxImporter(module=module) if module is not None else FxImporter(context=new_context())
     importer.import_stateless_graph(graph, func_name=func_name)
+    return importer.module
+
+
+class _SameContents(RefTracker):
+    """The importer's literal cache keyed by a tensor's contents (dtype, shape, bytes)
+    instead of its identity: equal weights in several imported functions become one
+    ``dense_resource`` (one copy in the compiled module)."""
+
+    def track(self, referrent):
+        if not isinstance(referrent, torch.Tensor) or referrent.is_meta \
+                or isinstance(referrent, torch._subclasses.FakeTensor) \
+                or referrent.layout != torch.strided or referrent.is_quantized:
+            return super().track(referrent)
+        t = referrent.detach().cpu().contiguous()
+        data = t.reshape(-1).view(torch.uint8).numpy() if t.numel() else b""
+        key = (str(t.dtype), tuple(t.shape), hashlib.sha256(data).hexdigest())
+        existing = self._refs.get(key)
+        if existing is None:
+            existing = super().track(referrent)
+            self._refs[key] = existing
+        return existing
+
+
+def import_graphs(graphs: dict[str, torch.fx.Graph]) -> "ir.Module":
+    """Import several stateless FX graphs into one module, one function each (by name);
+    a weight equal in several is one constant."""
+    importer = FxImporter(context=new_context(), py_attr_tracker=_SameContents())
+    for name, graph in graphs.items():
+        importer.import_stateless_graph(graph, func_name=name)
     return importer.module

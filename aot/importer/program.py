@@ -8,9 +8,10 @@ static values of non-tensor inputs.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 import torch
 import torch.utils._pytree as pytree
@@ -72,6 +73,10 @@ class ImportedProgram:
     returns_input: tuple[int | None, ...] = ()
     # dynamic_shapes: {symbol: {"name", "min", "max", "example", "binds"}} (aot.symbolic)
     symbols: dict = field(default_factory=dict)
+    # a dynamic program: the same model imported with every size at the example's
+    # (no dynamic_shapes), made on demand (``aot.lower.specialize``); None when static
+    at_example: Callable[[], "ImportedProgram"] | None = field(default=None, compare=False,
+                                                                repr=False)
 
     def __post_init__(self):
         n_tensor = sum(isinstance(i, TorchTensor) for i in self.flat_inputs)
@@ -113,6 +118,7 @@ def import_model(model: torch.nn.Module, args: tuple, kwargs: dict | None = None
         args = tuple(args) if isinstance(args, list) else (args,)
     kwargs = dict(kwargs or {})
     name = type(model).__name__
+    given = (model, args, kwargs)  # before a quantized rewrite: what at_example imports
     boundary = None
     if is_eager_quantized(model):
         log.info("rewriting eager-mode quantized %s into aot_q ops", name)
@@ -139,9 +145,13 @@ def import_model(model: torch.nn.Module, args: tuple, kwargs: dict | None = None
                             for f, b in zip(flat_inputs, boundary.inputs))
         outputs = outputs[:len(mutations)] + tuple(
             _sized(b, o) for b, o in zip(boundary.outputs, outputs[len(mutations):]))
+    at_example = None
+    if symbols:
+        def at_example(static=dataclasses.replace(options, dynamic_shapes=None)):
+            return import_model(*given, static)
     return ImportedProgram(ep, flat_inputs, outputs, ep.call_spec.in_spec, ep.call_spec.out_spec,
                            name=name, input_names=names, mutations=mutations,
-                           returns_input=returns_input, symbols=symbols)
+                           returns_input=returns_input, symbols=symbols, at_example=at_example)
 
 
 def _sized(boundary: TorchTensor, exported) -> TorchTensor:

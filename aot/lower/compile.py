@@ -36,6 +36,7 @@ from .fold_bn import fold_batch_norm
 from .fold_constants import fold_constants
 from .recover import blame, grow
 from .regions import choose_region, pick_variant, worth_measuring
+from .specialize import specialize, worth_specializing
 from .tiling import DYNAMIC_UNSAFE, safe_for_dynamic, tiled_target, worth_tiling
 from .targets import Target
 
@@ -167,6 +168,8 @@ def _compile_split(imported: ImportedProgram, target: Target, policy: PlacementP
             art = _artifact(p, vmfb, time.perf_counter() - t0)
             variants = _coverage_variant(imported, target, policy, demoted, art) \
                 if example is not None else {}
+            if example is not None and imported.symbols:
+                art, variants = _specialized(art, variants, imported, target, policy)
             if example is not None and worth_measuring(imported, art, target, policy):
                 art = choose_region(art, imported, target, policy, example, variants)
             elif variants:
@@ -188,6 +191,22 @@ def _compile_split(imported: ImportedProgram, target: Target, policy: PlacementP
         demoted.update(fresh)
     raise compile_error(p.mlir, target, diag, what=imported.name,
                         note=f"(gave up after {_MAX_RECOVERY_ROUNDS} recovery rounds)\n")
+
+
+def _specialized(art: CompiledArtifact, variants: dict, imported: ImportedProgram,
+                 target: Target, policy: PlacementPolicy) -> tuple[CompiledArtifact, dict]:
+    """A dynamic program's compiled candidate with its static form at the example's
+    sizes beside it (``aot.lower.specialize``), before candidates are measured: the
+    ``iree-tiled`` variant where it has no kernel calls, else the per-op artifact
+    where it has none (one extra IREE compile)."""
+    tiled = variants.get("iree-tiled")
+    if worth_specializing(tiled, imported):
+        coverage = dataclasses.replace(policy, placement="coverage")
+        target = tiled_target(target, dynamic=True)
+        return art, {**variants, "iree-tiled": specialize(tiled, imported, target, coverage)}
+    if worth_specializing(art, imported):
+        return specialize(art, imported, target, policy), variants
+    return art, variants
 
 
 def _coverage_variant(imported: ImportedProgram, target: Target, policy: PlacementPolicy,

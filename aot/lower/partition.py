@@ -54,6 +54,8 @@ class PartitionedProgram:
     # the key of the one kernel call that *is* the program (model inputs in order
     # in, its results out in order), or None: see ``single_call``
     whole_program_call: str | None = None
+    # the graph ``mlir`` was imported from (kernel calls as ``aot_kc`` ops)
+    graph: torch.fx.Graph | None = field(default=None, compare=False, repr=False)
 
     def __post_init__(self):
         keys = [k.key for k in self.kernel_calls]
@@ -110,7 +112,7 @@ def partition(imported: ImportedProgram, target: Target,
                  for n in op_nodes(ep)}
     return PartitionedProgram(imported, target, policy, placements, tuple(specs), str(module),
                               producers, consts.tensors,
-                              None if whole is None else specs[whole].key)
+                              None if whole is None else specs[whole].key, graph)
 
 
 def single_call(graph: torch.fx.Graph) -> int | None:

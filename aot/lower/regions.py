@@ -297,7 +297,8 @@ def program_key(imported: ImportedProgram, target: Target, cands: dict) -> str:
     parts = [imported.exported.graph_module.code,
              json.dumps([i.to_json() if hasattr(i, "to_json") else list(i)
                          for i in imported.flat_inputs], sort_keys=True, default=str),
-             json.dumps(sorted(cands)), " ".join(target.flags), target.driver,
+             json.dumps(sorted(k + ("@example" if c.manifest.get("specialized") else "")
+                               for k, c in cands.items())), " ".join(target.flags), target.driver,
              machine_key(), f"rule {_RULE}", f"prepack {prepack.VERSION}", FORMS]
     if imported.symbols:  # a dynamic program is measured at its range's end too
         parts.append(json.dumps(imported.symbols, sort_keys=True))

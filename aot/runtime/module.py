@@ -56,6 +56,7 @@ class CompiledModule:
         self._warned_layout = False
         self.host = None
         self._direct = None
+        self._at_example, self._example_env = None, None
         m = artifact.manifest
         self.driver: str = m["driver"]
         self.inputs = [TorchTensor.from_json(i) if "dtype" in i else ("static", i["static"])
@@ -113,6 +114,14 @@ class CompiledModule:
         except RuntimeError as e:
             raise ArtifactError(f"IREE could not load the module: {e}") from e
         self.main = main.lookup_function("main")
+        # a dynamic program's static form at the example's sizes (aot.lower.specialize):
+        # called when every symbol is bound to its example size
+        spec = self.manifest.get("specialized") or {}
+        self._at_example = main.lookup_function(spec["function"]) if spec.get("kept") else None
+        if spec.get("kept") and self._at_example is None:
+            raise ArtifactError(f"the module lacks its function {spec['function']!r}, which "
+                                "the manifest says it holds")
+        self._example_env = spec.get("at")
         # A program that is one kernel call (an ATen region chosen by measurement)
         # holds no compiled code: on the CPU its host function is called directly,
         # without the VM's marshalling (same function, same checks, same results).
@@ -164,7 +173,7 @@ class CompiledModule:
                 raise InputMismatch(self._structure_error(args, kwargs)) from None
         if self.host is None:  # compiled where the target device is absent: open it now
             self._open()
-        inputs, outputs = self.inputs, self._tensor_outputs
+        inputs, outputs, env = self.inputs, self._tensor_outputs, None
         if self.symbols:  # this call's sizes: the symbols bound, range and agreement checked
             env = bind_inputs(self.symbols, inputs, flat, self.input_names)
             self.host.symbols.env = env  # what the kernel calls' sizes read (this thread's)
@@ -183,7 +192,8 @@ class CompiledModule:
                 arg_list.push_ref(torch_to_buffer_view(self.device, t, name).ref)
             results = rt.VmVariantList(len(self._tensor_outputs))
             sync_torch(self.driver)  # inputs torch is still writing on its stream
-            self._invoke(arg_list, results)
+            at_example = self._at_example is not None and env == self._example_env
+            self._invoke(arg_list, results, self._at_example if at_example else self.main)
             outs = [self._output(results, i, o) for i, o in enumerate(outputs)]
         if not self._plain:
             return self._user_outputs(flat, self._leaves(outs))
@@ -258,9 +268,9 @@ class CompiledModule:
             raise InputMismatch(f"{name}: the model was compiled with the value "
                                 f"{expected!r} here, got {leaf!r}; recompile to change it")
 
-    def _invoke(self, arg_list, results) -> None:
+    def _invoke(self, arg_list, results, function) -> None:
         try:
-            self.context.invoke(self.main, arg_list, results)
+            self.context.invoke(function, arg_list, results)
         except RuntimeError as e:
             err = self.host.take_error()
             if isinstance(err, AotError):
