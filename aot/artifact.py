@@ -38,10 +38,10 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+import torch.utils._pytree as pytree
 
 from .errors import ArtifactError
-
-__all__ = ["FORMAT_VERSION", "CompiledArtifact", "load_artifact"]
+__all__ = ["FORMAT_VERSION", "CompiledArtifact", "load_artifact", "dump_treespec", "load_treespec"]
 
 MAGIC = b"AOTART\n"
 FORMAT_VERSION = 3
@@ -105,6 +105,31 @@ def pack_constants(tensors: dict[str, torch.Tensor]) -> tuple[dict, bytes]:
         parts += [data, b"\0" * pad]
         offset += len(data) + pad
     return table, b"".join(parts)
+
+
+def dump_treespec(spec: pytree.TreeSpec) -> str:
+    """A pytree spec as the manifest holds it (``torch.return_types`` included)."""
+    _name_return_types()
+    return pytree.treespec_dumps(spec)
+
+
+def load_treespec(text: str) -> pytree.TreeSpec:
+    _name_return_types()
+    return pytree.treespec_loads(text)
+
+
+def _name_return_types() -> None:
+    """Give ``torch.return_types`` (``sort``, ``topk``, ``max``...) serialization names
+    where this torch registered them without (torch before 2.15): a program returning
+    ``torch.sort(x)`` must save and load like any other."""
+    named = getattr(pytree, "SUPPORTED_SERIALIZED_TYPES", {})
+    for cls in torch.return_types.all_return_types:
+        entry = named.get(cls)
+        if entry is None or entry.serialized_type_name != pytree.NO_SERIALIZED_TYPE_NAME_FOUND:
+            continue
+        name = f"torch.return_types.{cls.__name__}"
+        named[cls] = entry._replace(serialized_type_name=name)
+        pytree.SERIALIZED_TYPE_TO_PYTHON_TYPE[name] = cls
 
 
 def load_artifact(path: str) -> CompiledArtifact:

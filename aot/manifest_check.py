@@ -17,8 +17,8 @@ import re
 from typing import Any, Callable
 
 import torch
-import torch.utils._pytree as pytree
 
+from .artifact import load_treespec
 from .errors import AotError, ArtifactError
 
 __all__ = ["check_manifest"]
@@ -149,7 +149,7 @@ def _leaf(d: Any, field: str, kinds: tuple[str, ...]) -> str:
 def _spec(m: dict, key: str, leaves: int) -> None:
     s = _typed(m, key, str)
     try:
-        spec = pytree.treespec_loads(s)
+        spec = load_treespec(s)
     except Exception as e:  # noqa: BLE001
         raise _Bad(key, f"not a pytree spec ({type(e).__name__}: {e})")
     _need(spec.num_leaves == leaves, key, f"has {spec.num_leaves} leaves, the manifest "

@@ -15,9 +15,8 @@ import re
 import time
 
 import torch
-import torch.utils._pytree as pytree
 
-from ..artifact import FORMAT_VERSION, CompiledArtifact, pack_constants
+from ..artifact import FORMAT_VERSION, CompiledArtifact, dump_treespec, pack_constants
 from ..fallback.executor import ExecOptions
 from ..torch_tensor import TorchTensor
 import dataclasses
@@ -320,8 +319,8 @@ def _manifest(imported: ImportedProgram, target: Target, policy: PlacementPolicy
         "outputs": [_output_json(o) for o in imported.outputs],
         "mutations": list(imported.mutations),
         "returns_input": list(imported.returns_input),
-        "in_spec": pytree.treespec_dumps(imported.in_spec),
-        "out_spec": pytree.treespec_dumps(imported.out_spec),
+        "in_spec": dump_treespec(imported.in_spec),
+        "out_spec": dump_treespec(imported.out_spec),
         "kernel_calls": [k.to_json() for k in kernel_calls],
         "placements": [pl.to_json() for pl in placements],
         "policy": {"fallback": policy.fallback, "fallback_ops": list(policy.fallback_ops),

@@ -16,7 +16,7 @@ import torch
 import torch.utils._pytree as pytree
 import iree.runtime as rt
 
-from ..artifact import CompiledArtifact, load_artifact
+from ..artifact import CompiledArtifact, load_artifact, load_treespec
 from ..manifest_check import reading
 from ..errors import AotError, ArtifactError, InputMismatch, KernelCallFailed
 from ..symbolic import bind_inputs
@@ -76,8 +76,8 @@ class CompiledModule:
         self.symbols = m.get("symbols") or {}
         self.returns_input = m.get("returns_input") or []
         self._out_storage = [dtype_from_name(o.storage_dtype) for o in self._tensor_outputs]
-        self.in_spec = pytree.treespec_loads(m["in_spec"])
-        self.out_spec = pytree.treespec_loads(m["out_spec"])
+        self.in_spec = load_treespec(m["in_spec"])
+        self.out_spec = load_treespec(m["out_spec"])
         # the common call shapes skip pytree: positional leaves in, one leaf out
         self._positional = self.in_spec == pytree.tree_structure(
             (tuple(range(len(self.inputs))), {}))
