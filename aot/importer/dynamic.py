@@ -123,12 +123,11 @@ def export_example(args: tuple, kwargs: dict, declared: dict[tuple[int, int], ob
     """``(args, kwargs, notes)`` to export with: every declared dimension whose example
     size is 1 (and whose range reaches 2) repeated to 2. torch.export fixes a dimension
     whose example is 0 or 1; the user's own example still sets the sizes placement is
-    measured at, and the manifest's example sizes. With dynamic dimensions, an input
-    that is a view (``big[2:6]``) is exported as a copy: torch.export would give its
-    base's sizes symbols that no call could set."""
+    measured at, and the manifest's example sizes. An input that is a view (``big[2:6]``,
+    ``arange(256).reshape(16, 16)``) is exported as a copy: torch.export (2.14 at least,
+    static shapes too) would give its base's sizes symbols that no call could set."""
     flat, spec = pytree.tree_flatten((args, kwargs))
-    if declared:  # torch.export gives a view input's base sizes symbols of their own
-        flat = [x.clone() if isinstance(x, torch.Tensor) and x._is_view() else x for x in flat]
+    flat = [x.clone() if isinstance(x, torch.Tensor) and x._is_view() else x for x in flat]
     notes = []
     for (leaf, d), dim in sorted(declared.items(), key=lambda kv: kv[0]):
         x = flat[leaf] if leaf < len(flat) else None
