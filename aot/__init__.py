@@ -75,7 +75,8 @@ def compile(model, args=(), *, example_kwargs=None, target: str = "cpu", fallbac
         plan = read_plan(plan)
     policy = PlacementPolicy.make(fallback, fallback_ops, placement, plan)
     tgt = get_target(target, tuple(extra_flags), profile)
-    imported = import_model(model, args, example_kwargs, ImportOptions(strict=strict, dynamic_shapes=dynamic_shapes))
+    imported = import_model(model, args, example_kwargs, ImportOptions(
+        strict=strict, dynamic_shapes=dynamic_shapes, pt2e_integer_ops=policy.fallback != "all"))
     # Compiling never needs the target device: without it, the module opens the
     # device on its first call (a clear error there) and can be saved meanwhile.
     import torch

@@ -133,8 +133,8 @@ def cmd_compile(args) -> int:
     t0 = time.perf_counter()
     _step(f"exporting {type(model).__name__} ...")
     dynamic = parse_dynamic(args.dynamic, model, len(example))
-    imported = import_model(model, example, options=ImportOptions(strict=args.strict,
-                                                                  dynamic_shapes=dynamic))
+    imported = import_model(model, example, options=ImportOptions(
+        strict=args.strict, dynamic_shapes=dynamic, pt2e_integer_ops=policy.fallback != "all"))
     if args.emit == "torch":
         print(torch_mlir(imported))
         return 0

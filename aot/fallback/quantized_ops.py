@@ -31,8 +31,8 @@ from dataclasses import dataclass
 
 import torch
 
-__all__ = ["NAMESPACE", "QUANT_OPERANDS", "PREPACKED", "IMPLS", "QuantOperands",
-           "packing_engine_available"]
+__all__ = ["NAMESPACE", "QUANT_OPERANDS", "PREPACKED", "IMPLS", "UNARY", "QuantOperands",
+           "Unary", "packing_engine_available"]
 
 NAMESPACE = "aot_q"
 _lib = torch.library.Library(NAMESPACE, "DEF")
@@ -54,14 +54,56 @@ _SCHEMAS = [
     "max_pool2d(Tensor x, float scale, int zero_point, int[] kernel_size, int[] stride, "
     "int[] padding, int[] dilation, bool ceil_mode) -> Tensor",
     "adaptive_avg_pool2d(Tensor x, float scale, int zero_point, int[] output_size) -> Tensor",
+    "mul(Tensor a, float a_scale, int a_zero_point, Tensor b, float b_scale, int b_zero_point, "
+    "float out_scale, int out_zero_point, bool relu) -> Tensor",
+    "mean(Tensor x, float scale, int zero_point, int[] dim, bool keepdim, float out_scale, "
+    "int out_zero_point) -> Tensor",
+    "avg_pool2d(Tensor x, float scale, int zero_point, int[] kernel_size, int[] stride, "
+    "int[] padding, bool ceil_mode, bool count_include_pad, int? divisor_override, "
+    "float out_scale, int out_zero_point) -> Tensor",
 ]
 for _s in _SCHEMAS:
     _lib.define(_s)
 
 
 @dataclass(frozen=True)
+class Unary:
+    """An elementwise op on one quantized tensor: ``name(x, scale, zero_point, *params,
+    out_scale, out_zero_point)``.
+
+    ``params``: the schema of its extra float operands; ``aten``: ATen's quantized
+    kernel (a quantized tensor, the params, the output qparams -> a quantized tensor);
+    ``real``: the same function on real numbers (what the compiled form computes
+    between a dequantize and a quantize).
+    """
+
+    params: str
+    aten: object
+    real: object
+
+
+_F = torch.nn.functional
+UNARY: dict[str, Unary] = {
+    "relu": Unary("", lambda q, s, z: torch.relu(q), _F.relu),
+    "hardtanh": Unary(", float min_val, float max_val",
+                      lambda q, lo, hi, s, z: _F.hardtanh(q, lo, hi), _F.hardtanh),
+    "hardswish": Unary("", lambda q, s, z: torch.ops.quantized.hardswish(q, s, z), _F.hardswish),
+    "hardsigmoid": Unary("", lambda q, s, z: _F.hardsigmoid(q), _F.hardsigmoid),
+    "sigmoid": Unary("", lambda q, s, z: torch.sigmoid(q), torch.sigmoid),
+    "tanh": Unary("", lambda q, s, z: torch.tanh(q), torch.tanh),
+    "leaky_relu": Unary(", float negative_slope",
+                        lambda q, a, s, z: _F.leaky_relu(q, a), _F.leaky_relu),
+    "gelu": Unary("", lambda q, s, z: _F.gelu(q), _F.gelu),
+}
+for _name, _u in UNARY.items():
+    _lib.define(f"{_name}(Tensor x, float scale, int zero_point{_u.params}, float out_scale, "
+                "int out_zero_point) -> Tensor")
+
+
+@dataclass(frozen=True)
 class QuantOperands:
-    """Quantized tensor operands (name -> its scale/zero-point operand names) and result."""
+    """Quantized tensor operands (name -> its scale/zero-point operand names; for a
+    ``Tensor[]`` operand, list operands with one entry per element) and result."""
 
     inputs: dict[str, tuple[str, str]]
     result: tuple[str, str] | None
@@ -80,6 +122,14 @@ QUANT_OPERANDS: dict[str, QuantOperands] = {
     "aot_q::max_pool2d": QuantOperands({"x": ("scale", "zero_point")}, ("scale", "zero_point")),
     "aot_q::adaptive_avg_pool2d": QuantOperands({"x": ("scale", "zero_point")},
                                                 ("scale", "zero_point")),
+    "aot_q::cat": QuantOperands({"xs": ("scales", "zero_points")},  # per element
+                                ("out_scale", "out_zero_point")),
+    "aot_q::mul": QuantOperands({"a": ("a_scale", "a_zero_point"),
+                                 "b": ("b_scale", "b_zero_point")},
+                                ("out_scale", "out_zero_point")),
+    **{f"aot_q::{name}": QuantOperands({"x": ("scale", "zero_point")},
+                                       ("out_scale", "out_zero_point"))
+       for name in ("mean", "avg_pool2d", *UNARY)},
 }
 
 
@@ -148,6 +198,40 @@ def _add(a, sa, za, b, sb, zb, so, zo, relu):
     return _out(op(_q(a, sa, za), _q(b, sb, zb), so, zo), a)
 
 
+def _mul(a, sa, za, b, sb, zb, so, zo, relu):
+    op = torch.ops.quantized.mul_relu if relu else torch.ops.quantized.mul
+    return _out(op(_q(a, sa, za), _q(b, sb, zb), so, zo), a)
+
+
+def _with_qparams(y: torch.Tensor, scale: float, zp: int) -> torch.Tensor:
+    """``y`` requantized to ``(scale, zp)`` where ATen chose other parameters (a kernel
+    call replays what eager did, so they agree whenever the model is replayed)."""
+    if y.q_scale() == scale and y.q_zero_point() == zp:
+        return y
+    return torch.quantize_per_tensor(y.dequantize(), scale, zp, torch.quint8)
+
+
+def _mean(x, scale, zp, dim, keepdim, so, zo):
+    return _out(_with_qparams(torch.mean(_q(x, scale, zp), dim, keepdim), so, zo), x)
+
+
+def _avg_pool2d(x, scale, zp, kernel_size, stride, padding, ceil_mode, count_include_pad,
+                divisor_override, so, zo):
+    y = torch.nn.functional.avg_pool2d(_q(x, scale, zp), kernel_size, stride or None, padding,
+                                       ceil_mode, count_include_pad, divisor_override)
+    return _out(_with_qparams(y, so, zo), x)
+
+
+def _unary(name: str):
+    aten = UNARY[name].aten
+
+    def impl(x, scale, zp, *rest):
+        *params, so, zo = rest
+        return _out(_with_qparams(aten(_q(x, scale, zp), *params, so, zo), so, zo), x)
+    impl.__name__ = f"_{name}"
+    return impl
+
+
 def _cat(xs, scales, zps, dim, so, zo):
     qs = [_q(x, s, z) for x, s, z in zip(xs, scales, zps)]
     return _out(torch.ops.quantized.cat(qs, dim, so, zo), xs[0])
@@ -165,8 +249,9 @@ def _adaptive_avg_pool2d(x, scale, zp, output_size):
 # op name -> its ATen implementation; the executor calls these directly (the
 # dispatcher's trip into a Python kernel costs more than some of the ops)
 IMPLS = {"quantize": _quantize, "dequantize": _dequantize, "conv2d": _conv2d,
-          "linear": _linear, "add": _add, "cat": _cat, "max_pool2d": _max_pool2d,
-          "adaptive_avg_pool2d": _adaptive_avg_pool2d}
+         "linear": _linear, "add": _add, "mul": _mul, "cat": _cat, "max_pool2d": _max_pool2d,
+         "adaptive_avg_pool2d": _adaptive_avg_pool2d, "mean": _mean, "avg_pool2d": _avg_pool2d,
+         **{name: _unary(name) for name in UNARY}}
 for _name, _fn in IMPLS.items():
     _lib.impl(_name, _fn, "CompositeExplicitAutograd")
 
@@ -199,12 +284,27 @@ def _fake_adaptive_avg_pool2d(x, scale, zp, output_size):
     return _u8(torch.nn.functional.adaptive_avg_pool2d(x.float(), output_size))
 
 
+def _fake_mul(a, sa, za, b, *_):
+    return a.new_empty(torch.broadcast_shapes(a.shape, b.shape), dtype=torch.uint8)
+
+
+def _fake_mean(x, scale, zp, dim, keepdim, *_):
+    return _u8(torch.mean(x.float(), dim, keepdim))
+
+
+def _fake_avg_pool2d(x, scale, zp, kernel_size, stride, padding, ceil_mode, count_include_pad,
+                     divisor_override, *_):
+    return _u8(torch.nn.functional.avg_pool2d(x.float(), kernel_size, stride or None, padding,
+                                              ceil_mode, count_include_pad, divisor_override))
+
+
 _FAKES = {
     "quantize": lambda x, s, z: _u8(x),
     "dequantize": lambda x, s, z: torch.empty(x.shape, dtype=torch.float32, device=x.device),
     "conv2d": _fake_conv2d, "linear": _fake_linear,
     "add": lambda a, *_: _u8(a), "cat": _fake_cat, "max_pool2d": _fake_max_pool2d,
-    "adaptive_avg_pool2d": _fake_adaptive_avg_pool2d,
+    "adaptive_avg_pool2d": _fake_adaptive_avg_pool2d, "mul": _fake_mul, "mean": _fake_mean,
+    "avg_pool2d": _fake_avg_pool2d, **{name: (lambda x, *_: _u8(x)) for name in UNARY},
 }
 for _name, _fn in _FAKES.items():
     torch.library.register_fake(f"{NAMESPACE}::{_name}", _fn, lib=_lib)
@@ -272,3 +372,99 @@ class _LinearSite(_PrepackedSite):
 # op -> (constant operands it needs, factory of a per-site callable)
 PREPACKED = {"aot_q::conv2d": (("w", "w_scales", "w_zero_points", "bias"), _ConvSite),
              "aot_q::linear": (("w", "w_scales", "w_zero_points", "bias"), _LinearSite)}
+
+
+# --- int8 convolution and linear with float results (PT2E) ------------------------------
+# A PT2E graph (``aot.importer.pt2e``) often keeps a conv's or linear's result in float:
+# it feeds a float add, a layer norm, a softmax. These ops take the integer operands of
+# ``conv2d``/``linear`` and return ``acc * x_scale * w_scale + bias`` in float32. Their
+# ATen implementation is the converted model's own math, bit for bit: dequantize as
+# ``quantized_decomposed`` does, then the float op; the compiled decomposition
+# accumulates in int32 (``aot.importer.int8_decompositions``).
+
+_lib.define("conv2d_f32(Tensor x, Tensor w, Tensor w_scales, Tensor w_zero_points, int axis, "
+            "Tensor? bias, int[] stride, int[] padding, int[] dilation, int groups, "
+            "float x_scale, int x_zero_point) -> Tensor")
+_lib.define("linear_f32(Tensor x, Tensor w, Tensor w_scales, Tensor w_zero_points, int axis, "
+            "Tensor? bias, float x_scale, int x_zero_point) -> Tensor")
+
+
+def _dequantized_x(x, scale, zp):
+    """``quantized_decomposed.dequantize_per_tensor``'s arithmetic on the integers."""
+    return ((x.int_repr() if x.is_quantized else x).to(torch.float32) - zp) * scale
+
+
+def _dequantized_w(w, w_scales, w_zps, axis):
+    """The float weight, computed as ``quantized_decomposed`` dequantizes it."""
+    if w.is_quantized:
+        return w.dequantize()
+    if axis < 0:
+        return (w.to(torch.float32) - int(w_zps[0])) * float(w_scales[0])
+    shape = [1] * w.dim()
+    shape[axis] = -1
+    return ((w - w_zps.reshape(shape)) * w_scales.reshape(shape)).to(torch.float32)
+
+
+def _conv2d_f32_pack(w, w_scales, w_zps, axis, bias):
+    return _dequantized_w(w, w_scales, w_zps, axis), bias
+
+
+def _conv2d_f32_run(packed, x, stride, padding, dilation, groups, x_scale, x_zp):
+    return torch.nn.functional.conv2d(_dequantized_x(x, x_scale, x_zp), packed[0], packed[1],
+                                      stride, padding, dilation, groups)
+
+
+def _conv2d_f32(x, w, w_scales, w_zps, axis, bias, stride, padding, dilation, groups,
+                x_scale, x_zp):
+    return _conv2d_f32_run(_conv2d_f32_pack(w, w_scales, w_zps, axis, bias), x, stride,
+                           padding, dilation, groups, x_scale, x_zp)
+
+
+def _linear_f32_run(packed, x, x_scale, x_zp):
+    return torch.nn.functional.linear(_dequantized_x(x, x_scale, x_zp), packed[0], packed[1])
+
+
+def _linear_f32(x, w, w_scales, w_zps, axis, bias, x_scale, x_zp):
+    return _linear_f32_run(_conv2d_f32_pack(w, w_scales, w_zps, axis, bias), x, x_scale, x_zp)
+
+
+class _FloatSite(_PrepackedSite):
+    """A float-result site: the weight dequantized once, on the first call."""
+
+    _pack = staticmethod(_conv2d_f32_pack)
+
+    @staticmethod
+    def _pack_extra(rest):
+        return ()
+
+    @staticmethod
+    def _run_args(rest):
+        return rest
+
+
+class _Conv2dF32Site(_FloatSite):
+    _run = staticmethod(_conv2d_f32_run)
+
+
+class _LinearF32Site(_FloatSite):
+    _run = staticmethod(_linear_f32_run)
+
+
+def _fake_conv2d_f32(x, w, w_scales, w_zps, axis, bias, stride, padding, dilation, groups, *_):
+    return torch.nn.functional.conv2d(x.float(), w.float(), None, stride, padding, dilation,
+                                      groups)
+
+
+def _fake_linear_f32(x, w, *_):
+    return x.new_empty((*x.shape[:-1], w.shape[0]), dtype=torch.float32)
+
+
+for _name, _fn, _fake in (("conv2d_f32", _conv2d_f32, _fake_conv2d_f32),
+                          ("linear_f32", _linear_f32, _fake_linear_f32)):
+    IMPLS[_name] = _fn
+    _lib.impl(_name, _fn, "CompositeExplicitAutograd")
+    torch.library.register_fake(f"{NAMESPACE}::{_name}", _fake, lib=_lib)
+    QUANT_OPERANDS[f"{NAMESPACE}::{_name}"] = QuantOperands({"x": ("x_scale", "x_zero_point")},
+                                                            None)
+PREPACKED["aot_q::conv2d_f32"] = (("w", "w_scales", "w_zero_points", "bias"), _Conv2dF32Site)
+PREPACKED["aot_q::linear_f32"] = (("w", "w_scales", "w_zero_points", "bias"), _LinearF32Site)

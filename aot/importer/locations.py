@@ -7,7 +7,7 @@ import re
 
 import torch.fx
 
-__all__ = ["node_location"]
+__all__ = ["node_location", "frame_location"]
 
 _FRAME = re.compile(r'File "([^"]+)", line ([0-9]+)')
 # Frames inside these packages are never the user's line.
@@ -30,6 +30,19 @@ def node_location(node: torch.fx.Node) -> str | None:
     if frames:
         path, line = frames[-1]
         return f"{_short(path)}:{line}"
+    return None
+
+
+_PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
+
+
+def frame_location(stack: list) -> str | None:
+    """Innermost user frame (outside torch and this package) of a
+    ``traceback.extract_stack()`` list, as ``path:line``; None if there is none."""
+    for frame in reversed(stack):
+        path = os.path.abspath(frame.filename)
+        if not path.startswith(_PACKAGE) and not any(m in path for m in _LIBRARY_MARKERS):
+            return f"{_short(frame.filename)}:{frame.lineno}"
     return None
 
 

@@ -21,6 +21,7 @@ from ..fallback import static_values
 from ..torch_tensor import TorchTensor
 from .dynamic import declared_dims, dim_names, export_example, symbol_table
 from .locations import node_location
+from .pt2e import rewrite_pt2e
 from .qdq import rewrite_qdq
 from .quantized import is_eager_quantized, rewrite_eager_quantized
 
@@ -36,10 +37,14 @@ class ImportOptions:
         strict: use ``torch.export``'s strict (TorchDynamo) tracing; non-strict by default.
         dynamic_shapes: what ``torch.export.export`` takes (``Dim``s per input
             dimension): those dimensions stay symbolic through the whole pipeline.
+        pt2e_integer_ops: rewrite PT2E Q/DQ patterns into integer ``aot_q`` ops
+            (``aot.importer.pt2e``); off for ``fallback="all"``, which runs the
+            converted model's own float ops, bit for bit.
     """
 
     strict: bool = False
     dynamic_shapes: Any = None
+    pt2e_integer_ops: bool = True
 
 
 @dataclass(frozen=True)
@@ -131,6 +136,8 @@ def import_model(model: torch.nn.Module, args: tuple, kwargs: dict | None = None
                     "fixes a dimension whose example is 0 or 1); placement is measured at "
                     "your example", ", ".join(widened))
     ep = rewrite_qdq(_export(model, ex_args, ex_kwargs, options, name))
+    if options.pt2e_integer_ops:
+        ep = rewrite_pt2e(ep)
     _check_functional(ep)
     flat, _ = pytree.tree_flatten((args, kwargs))
     flat_inputs = tuple(TorchTensor.from_tensor(x) if isinstance(x, torch.Tensor)

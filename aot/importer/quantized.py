@@ -2,42 +2,55 @@
 
 ``torch.export`` cannot capture converted eager-mode quantized models (their
 packed weights are TorchScript objects), and IREE knows no quantized dtypes. So
-before export we rewrite a *copy* of the model: every quantized module becomes
-a module calling an ``aot_q`` op (``aot.fallback.quantized_ops``) on the integer
-representation of its input, with its weights unpacked once (int8 values,
-scales, zero points, axis) and every quantization parameter static.
+before export the model's ``forward`` is replayed on the *integer storage* of
+its quantized tensors, and every function it applies to them becomes what
+``aot.importer.quantized_calls`` says: the ``aot_q`` op that models it, or the
+same layout call on the storage. What counts is what ``forward`` calls on
+quantized tensors, whatever module or function issues it, not a list of
+module types.
 
-Static parameters come from the model itself: a quantized module's output
-parameters are fixed at ``convert`` time, and the parameters of its *input*
-are recorded by running the original model once on the example inputs. Then
-the rewritten model is run on the same inputs and must reproduce the original
-bit for bit; anything it does not model (a functional op on a quantized tensor
-that changes values) is caught there and refused, never silently wrong.
+1. **Record.** The original model runs once on the example inputs under a
+   ``TorchFunctionMode`` that notes, for every call touching a quantized tensor,
+   its name and the quantization parameters of its inputs and results.
+2. **Replay.** A copy of the model, its packed weights unpacked once into
+   buffers (int8 values, scales, zero points, axis), runs under a second mode that
+   tracks which integer tensors stand for quantized ones and maps each call, in
+   the recorded order, to its integer form with the recorded (static) parameters.
+   ``torch.export`` traces this replay.
+3. **Check.** The replay must reproduce the original bit for bit on the example
+   inputs (the ``aot_q`` ops' ATen implementations call ATen's quantized
+   kernels), or compilation stops with ``UnsupportedOp``: never a wrong answer.
+   A call the table does not model is refused with its name, module and the
+   user's source line.
 """
 
 from __future__ import annotations
 
 import copy
+import functools
+import sys
+import traceback
 from dataclasses import dataclass
 
 import torch
 import torch.utils._pytree as pytree
+from torch.overrides import TorchFunctionMode
 
 from ..errors import UnsupportedOp
-from ..fallback import quantized_ops  # noqa: F401  (registers torch.ops.aot_q)
 from ..torch_tensor import TorchTensor
+from .locations import frame_location
+from .quantized_calls import (CREATES_QUANTIZED, HANDLERS, LAYOUT, QUERIES, Call, PackedWeight,
+                              call_name)
 
 __all__ = ["is_eager_quantized", "rewrite_eager_quantized", "QuantizedBoundary"]
 
 _Q_PREFIXES = ("torch.ao.nn.quantized", "torch.ao.nn.intrinsic.quantized",
                "torch.nn.quantized", "torch.nn.intrinsic.quantized")
-_PASS_THROUGH = (torch.nn.Identity, torch.nn.Flatten, torch.nn.Dropout)
-aot_q = torch.ops.aot_q
+QParams = tuple[float, int]
 
 
 def _is_quantized_module(m: torch.nn.Module) -> bool:
-    mod = type(m).__module__
-    return mod.startswith(_Q_PREFIXES) and "dynamic" not in mod
+    return type(m).__module__.startswith(_Q_PREFIXES)
 
 
 def is_eager_quantized(model: torch.nn.Module) -> bool:
@@ -53,66 +66,57 @@ class QuantizedBoundary:
     outputs: tuple      # per flat output leaf: TorchTensor of the original output
 
 
-def _qp(t) -> tuple[float, int] | None:
-    if isinstance(t, torch.Tensor) and t.is_quantized:
-        if t.qscheme() not in (torch.per_tensor_affine, torch.per_tensor_symmetric):
-            raise UnsupportedOp(f"activation quantization scheme {t.qscheme()} is not supported "
-                                "(per-tensor affine quint8 activations are)")
-        if t.dtype != torch.quint8:
-            raise UnsupportedOp(f"activation dtype {t.dtype} is not supported (quint8 is)")
-        return float(t.q_scale()), int(t.q_zero_point())
-    return None
+def _is_q(t) -> bool:
+    return isinstance(t, torch.Tensor) and t.is_quantized
 
 
-class _Recorder:
-    """Input qparams of every module (and QFunctional method) seen in one eager run."""
-
-    def __init__(self, model: torch.nn.Module):
-        self.seen: dict[str, list] = {}
-        self._handles = []
-        self._patched = []
-        for path, m in model.named_modules():
-            if isinstance(m, torch.ao.nn.quantized.QFunctional):
-                for meth in ("add", "add_relu", "cat", "mul", "mul_relu", "add_scalar",
-                             "mul_scalar", "matmul"):
-                    self._wrap(m, path, meth)
-            elif _is_quantized_module(m) or not list(m.children()):
-                self._handles.append(m.register_forward_pre_hook(
-                    lambda mod, a, _p=path: self._note(_p, a)))
-
-    def _note(self, key: str, args) -> None:
-        first = args[0] if args else None
-        if isinstance(first, (list, tuple)):
-            qps = tuple(_qp(x) for x in first)
-        else:
-            qps = tuple(_qp(a) for a in args if isinstance(a, torch.Tensor))
-        prev = self.seen.setdefault(key, [])
-        if prev and prev[0] != qps:
-            raise UnsupportedOp(f"module {key!r} is called with inputs of different quantization "
-                                f"parameters ({prev[0]} and {qps}); give each call its own module")
-        prev.append(qps)
-
-    def _wrap(self, m, path, meth):
-        orig = getattr(m, meth, None)
-        if orig is None:
-            return
-
-        def wrapped(*args, **kwargs):
-            self._note(f"{path}.{meth}", args)
-            return orig(*args, **kwargs)
-        setattr(m, meth, wrapped)
-        self._patched.append((m, meth))
-
-    def close(self):
-        for h in self._handles:
-            h.remove()
-        for m, meth in self._patched:
-            delattr(m, meth)  # back to the class method
+def _qparams(t: torch.Tensor, name: str) -> QParams:
+    if t.qscheme() not in (torch.per_tensor_affine, torch.per_tensor_symmetric):
+        raise UnsupportedOp(f"{name} works on a tensor quantized {t.qscheme()}; per-tensor "
+                            "affine quint8 activations are supported", op=name)
+    if t.dtype != torch.quint8:
+        raise UnsupportedOp(f"{name} works on a {t.dtype} tensor; quint8 activations are "
+                            "supported", op=name)
+    return float(t.q_scale()), int(t.q_zero_point())
 
 
-# --- integer modules --------------------------------------------------------------------
+@dataclass(frozen=True)
+class _Event:
+    name: str
+    out: tuple[QParams, ...]   # per quantized result, in order
+    where: str | None          # the user's source line
 
-def _unpack_weight(w: torch.Tensor, path: str):
+
+class _Record(TorchFunctionMode):
+    """Notes every call of the eager run that reads or makes a quantized tensor."""
+
+    def __init__(self):
+        super().__init__()
+        self.events: list[_Event] = []
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        out = func(*args, **kwargs)
+        results = pytree.tree_leaves(out)
+        if not any(isinstance(r, torch.Tensor) for r in results):
+            return out  # a query (sizes, dtype, q_scale): replayed from the tracked values
+        leaves = pytree.tree_leaves((args, kwargs))
+        if any(_is_q(a) or isinstance(a, torch.ScriptObject) for a in leaves) or \
+                any(_is_q(r) for r in results):
+            name = call_name(func)
+            for a in leaves:
+                if _is_q(a):
+                    _qparams(a, name)
+            self.events.append(_Event(name, tuple(_qparams(r, name) for r in results if _is_q(r)),
+                                      frame_location(traceback.extract_stack()[:-1])))
+        return out
+
+
+# --- the model's copy: packed weights unpacked ---------------------------------------------
+
+def _unpack_weight(w: torch.Tensor, what: str):
+    if w.dtype != torch.qint8:
+        raise UnsupportedOp(f"weight dtype {w.dtype} of {what} is not supported (qint8 is)")
     qs = w.qscheme()
     if qs in (torch.per_tensor_affine, torch.per_tensor_symmetric):
         return (w.int_repr(), torch.tensor([w.q_scale()], dtype=torch.float32),
@@ -120,228 +124,252 @@ def _unpack_weight(w: torch.Tensor, path: str):
     if qs in (torch.per_channel_affine, torch.per_channel_symmetric):
         return (w.int_repr(), w.q_per_channel_scales().float(),
                 w.q_per_channel_zero_points().long(), int(w.q_per_channel_axis()))
-    raise UnsupportedOp(f"weight quantization scheme {qs} of {path!r} is not supported "
+    raise UnsupportedOp(f"weight quantization scheme {qs} of {what} is not supported "
                         "(per-tensor and per-channel affine qint8 are); keep this module in "
                         "float or use a supported qconfig")
 
 
-class _WeightedInt(torch.nn.Module):
-    def __init__(self, mod, path, x_qp, relu):
+def _unpack(packed: torch.ScriptObject, what: str):
+    """``(PackedWeight fields, tensors)`` of one packed weight; never raises: an
+    unsupported one says why in its kind, and is refused if an op reads it."""
+    cls = packed._type().qualified_name().rsplit(".", 1)[-1]
+    qops = torch.ops.quantized
+    try:
+        if cls == "Conv2dPackedParamsBase":
+            if qops.conv2d_transpose(packed):
+                return dict(kind="a transposed convolution's weight"), {}
+            w, b = qops.conv2d_unpack(packed)
+            params = (list(qops.conv2d_stride(packed)), list(qops.conv2d_padding(packed)),
+                      list(qops.conv2d_dilation(packed)), int(qops.conv2d_groups(packed)))
+            kind = "conv2d" if w.dim() == 4 else f"a {w.dim() - 2}-d convolution's weight"
+        elif cls == "LinearPackedParamsBase":
+            w, b = qops.linear_unpack(packed)
+            params, kind = (), "linear"
+        else:
+            return dict(kind=f"{cls} (not unpacked)"), {}
+        if not w.is_quantized:
+            return dict(kind=f"a {w.dtype} weight (dynamic or weight-only quantization)"), {}
+        wi, scales, zps, axis = _unpack_weight(w, what)
+    except UnsupportedOp as e:
+        return dict(kind=str(e)), {}
+    tensors = {"w": wi, "scales": scales, "zps": zps}
+    if b is not None:
+        tensors["b"] = b.detach().float()
+    return dict(kind=kind, params=params, axis=axis), tensors
+
+
+def _prepared_copy(model: torch.nn.Module) -> tuple[torch.nn.Module, torch.nn.Module]:
+    """A copy of ``model`` whose packed weights are :class:`PackedWeight` stand-ins
+    (their tensors are buffers of the second module returned) and whose quantized
+    modules hold their scalar parameters as Python numbers (``float(self.scale)``
+    of a buffer cannot be traced)."""
+    model = copy.deepcopy(model)
+    weights = torch.nn.Module()
+    for path, m in model.named_modules():
+        for attr, value in list(vars(m).items()):
+            if isinstance(value, torch.ScriptObject):
+                key = f"{path}.{attr}".strip(".").replace(".", "__")
+                fields, tensors = _unpack(value, f"{path or 'the model'!r}")
+                for name, t in tensors.items():
+                    weights.register_buffer(f"{key}__{name}", t)
+                setattr(m, attr, PackedWeight(key, **fields))
+        if _is_quantized_module(m):
+            for name, buf in list(m._buffers.items()):
+                if buf is not None and buf.numel() == 1 and not buf.is_quantized:
+                    del m._buffers[name]
+                    setattr(m, name, buf.item())
+    return model, weights
+
+
+# --- the replay ----------------------------------------------------------------------------
+
+class _Replay(TorchFunctionMode):
+    """Maps every call on tracked integer tensors to its integer form, in recorded order."""
+
+    def __init__(self, owner: "_Replayer"):
         super().__init__()
-        w, scales, zps, self.axis = _unpack_weight(mod.weight(), path)
-        if mod.weight().dtype != torch.qint8:
-            raise UnsupportedOp(f"weight dtype {mod.weight().dtype} of {path!r} is not supported "
-                                "(qint8 is)")
-        self.register_buffer("w", w)
-        self.register_buffer("w_scales", scales)
-        self.register_buffer("w_zero_points", zps)
-        b = mod.bias()
-        self.register_buffer("b", None if b is None else b.detach().float())
-        self.x_scale, self.x_zp = x_qp
-        self.out_scale, self.out_zp = float(mod.scale), int(mod.zero_point)
-        self.relu = relu
+        self.owner, self.events, self.pos = owner, owner.events, 0
+        self.tracked: dict[int, tuple[torch.Tensor, QParams]] = {}
+
+    def track(self, t: torch.Tensor, qp: QParams) -> None:
+        self.tracked[id(t)] = (t, qp)  # the tensor is kept alive, so its id stays its own
+
+    def qparams(self, t) -> QParams:
+        entry = self.tracked.get(id(t)) if isinstance(t, torch.Tensor) else None
+        if entry is None:
+            raise UnsupportedOp("an operand that eager quantized is not a quantized tensor in the "
+                                "replay (a quantized and a float tensor mixed in one call?)")
+        return entry[1]
+
+    def weights(self, p, kind: str):
+        if not isinstance(p, PackedWeight) or p.kind != kind:
+            raise UnsupportedOp(f"expected a packed {kind} weight, got "
+                                f"{getattr(p, 'kind', type(p).__name__)}")
+        buffers = self.owner.weights
+        get = lambda n: getattr(buffers, f"{p.key}__{n}", None)  # noqa: E731
+        return get("w"), get("scales"), get("zps"), get("b")
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        leaves = pytree.tree_leaves((args, kwargs))
+        tracked = [a for a in leaves if isinstance(a, torch.Tensor) and id(a) in self.tracked]
+        packed = any(isinstance(a, PackedWeight) for a in leaves)
+        name = call_name(func)
+        if not tracked and not packed and name not in CREATES_QUANTIZED:
+            return func(*args, **kwargs)
+        if tracked and name in QUERIES:
+            return QUERIES[name](self.qparams(tracked[0]))
+        if name not in HANDLERS and name not in LAYOUT:
+            return self._unmodelled(func, name, args, kwargs)
+        event = self._next(name)
+        call = Call(name, self.qparams, event.out, self.weights)
+        try:
+            if name in HANDLERS:
+                out = HANDLERS[name](call, *args, **kwargs)
+            else:
+                out = self._layout(call, func, args, kwargs, tracked)
+        except UnsupportedOp as e:
+            raise self._refusal(name, event.where, str(e)) from None
+        results = [r for r in pytree.tree_leaves(out) if isinstance(r, torch.Tensor)]
+        if event.out:
+            if len(results) != len(event.out):
+                raise self._refusal(name, event.where, f"it made {len(event.out)} quantized "
+                                    f"results in eager and {len(results)} in the replay")
+            for r, qp in zip(results, event.out):
+                self.track(r, qp)
+        return out
+
+    def _layout(self, call: Call, func, args, kwargs, tracked):
+        qps = {self.qparams(t) for t in tracked}
+        if len(qps) != 1 or any(qp not in qps for qp in call.out):
+            raise UnsupportedOp("it changed the quantization parameters in eager")
+        return func(*args, **kwargs)
+
+    def _next(self, name: str) -> _Event:
+        if self.pos >= len(self.events) or self.events[self.pos].name != name:
+            expected = self.events[self.pos].name if self.pos < len(self.events) else "nothing"
+            raise self._refusal(name, None, f"the replay reached {name} where the example run "
+                                f"called {expected}: forward's quantized calls must not depend "
+                                "on the input values")
+        self.pos += 1
+        return self.events[self.pos - 1]
+
+    def _unmodelled(self, func, name, args, kwargs):
+        try:
+            out = func(*args, **kwargs)  # a query of sizes or dims works on the storage
+        except Exception:  # noqa: BLE001  (any failure means: not modelled)
+            out = None
+        else:
+            if not any(isinstance(r, torch.Tensor) for r in pytree.tree_leaves(out)):
+                return out
+        raise self._refusal(name, None, "the quantized importer does not model it (supported: "
+                            + ", ".join(sorted(set(HANDLERS) | {"layout calls"})) + ")")
+
+    def _refusal(self, name: str, where: str | None, why: str) -> UnsupportedOp:
+        module = self.owner.issuing_module()
+        return UnsupportedOp(f"{name} on a quantized tensor or weight{module}: {why}", op=name,
+                             location=where or frame_location(traceback.extract_stack()),
+                             stage="import")
+
+    def finish(self) -> None:
+        if self.pos != len(self.events):
+            raise UnsupportedOp(f"the replay of the quantized model stopped after {self.pos} of "
+                                f"{len(self.events)} quantized calls (next: "
+                                f"{self.events[self.pos].name}): forward's quantized calls must "
+                                "not depend on the input values", stage="import")
 
 
-class IntConv2d(_WeightedInt):
-    def __init__(self, mod, path, x_qp, relu):
-        super().__init__(mod, path, x_qp, relu)
-        if mod.padding_mode != "zeros":
-            raise UnsupportedOp(f"padding_mode={mod.padding_mode!r} of {path!r} is not supported")
-        self.conv = (list(mod.stride), list(mod.padding), list(mod.dilation), int(mod.groups))
+class _Replayer:
+    """What one model's replays share: the recorded calls, the input parameters, the
+    unpacked weights and every module's path (for errors)."""
 
-    def forward(self, x):
-        return aot_q.conv2d(x, self.w, self.w_scales, self.w_zero_points, self.axis, self.b,
-                            *self.conv, self.x_scale, self.x_zp, self.out_scale, self.out_zp,
-                            self.relu)
+    def __init__(self, model: torch.nn.Module, weights: torch.nn.Module,
+                 events: list[_Event], input_qparams: list):
+        self.weights, self.events, self.input_qparams = weights, events, input_qparams
+        self._paths = {id(m): (p, type(m).__name__) for p, m in model.named_modules()}
 
+    def run(self, forward, args, kwargs):
+        replay = _Replay(self)
+        for leaf, qp in zip(pytree.tree_leaves((args, kwargs)), self.input_qparams):
+            if qp is not None:
+                replay.track(leaf, qp)
+        with replay:
+            out = forward(*args, **kwargs)
+        replay.finish()
+        return out
 
-class IntLinear(_WeightedInt):
-    def forward(self, x):
-        return aot_q.linear(x, self.w, self.w_scales, self.w_zero_points, self.axis, self.b,
-                            self.x_scale, self.x_zp, self.out_scale, self.out_zp, self.relu)
-
-
-class IntQuantize(torch.nn.Module):
-    def __init__(self, mod, path):
-        super().__init__()
-        if mod.dtype != torch.quint8:
-            raise UnsupportedOp(f"{path!r} quantizes to {mod.dtype}; quint8 activations are "
-                                "supported")
-        self.scale, self.zp = float(mod.scale), int(mod.zero_point)
-
-    def forward(self, x):
-        return aot_q.quantize(x, self.scale, self.zp)
-
-
-class IntDeQuantize(torch.nn.Module):
-    def __init__(self, x_qp):
-        super().__init__()
-        self.scale, self.zp = x_qp
-
-    def forward(self, x):
-        return aot_q.dequantize(x, self.scale, self.zp)
+    def issuing_module(self) -> str:
+        """`` in module 'path' (Type)`` of the innermost module on the Python stack."""
+        frame = sys._getframe(1)
+        while frame is not None:
+            me = frame.f_locals.get("self")
+            if isinstance(me, torch.nn.Module) and id(me) in self._paths:
+                path, kind = self._paths[id(me)]
+                return f" in module {path or '<root>'!r} ({kind})"
+            frame = frame.f_back
+        return ""
 
 
-class IntMaxPool2d(torch.nn.Module):
-    def __init__(self, mod, x_qp):
-        super().__init__()
-        pair = torch.nn.modules.utils._pair
-        self.qp = x_qp
-        self.args = (list(pair(mod.kernel_size)), list(pair(mod.stride or mod.kernel_size)),
-                     list(pair(mod.padding)), list(pair(mod.dilation)), bool(mod.ceil_mode))
+def _integer_model(model: torch.nn.Module, events: list[_Event],
+                   input_qparams: list) -> torch.nn.Module:
+    """The model's copy whose ``forward`` (same signature, so ``dynamic_shapes`` given
+    for the original apply) replays the original's on integer storage."""
+    int_model, weights = _prepared_copy(model)
+    replayer = _Replayer(int_model, weights, events, input_qparams)
+    int_model.add_module("aot_unpacked_weights", weights)
+    original = int_model.forward
 
-    def forward(self, x):
-        return aot_q.max_pool2d(x, *self.qp, *self.args)
-
-
-class IntAdaptiveAvgPool2d(torch.nn.Module):
-    def __init__(self, mod, x_qp):
-        super().__init__()
-        size = torch.nn.modules.utils._pair(mod.output_size)
-        if any(s is None for s in size):
-            raise UnsupportedOp("AdaptiveAvgPool2d with a None output size is not supported "
-                                "on quantized tensors")
-        self.qp, self.size = x_qp, list(size)
-
-    def forward(self, x):
-        return aot_q.adaptive_avg_pool2d(x, *self.qp, self.size)
-
-
-class IntFunctional(torch.nn.Module):
-    """Stands in for ``QFunctional``: ``add``, ``add_relu`` and ``cat`` on integer tensors."""
-
-    def __init__(self, mod, path, seen):
-        super().__init__()
-        self.path, self.seen = path, seen
-        self.out = (float(mod.scale), int(mod.zero_point))
-
-    def _in(self, meth):
-        qps = self.seen.get(f"{self.path}.{meth}")
-        if not qps:
-            raise UnsupportedOp(f"QFunctional {self.path!r}.{meth} was not called in the example "
-                                "run, so its input quantization parameters are unknown")
-        return qps[0]
-
-    def add(self, a, b):
-        (sa, za), (sb, zb) = self._in("add")
-        return aot_q.add(a, sa, za, b, sb, zb, *self.out, False)
-
-    def add_relu(self, a, b):
-        (sa, za), (sb, zb) = self._in("add_relu")
-        return aot_q.add(a, sa, za, b, sb, zb, *self.out, True)
-
-    def cat(self, xs, dim=0):
-        qps = self._in("cat")
-        return aot_q.cat(list(xs), [q[0] for q in qps], [q[1] for q in qps], dim, *self.out)
-
-    def __getattr__(self, name):
-        if name in ("mul", "mul_relu", "add_scalar", "mul_scalar", "matmul"):
-            raise UnsupportedOp(f"QFunctional.{name} (at {self.path!r}) is not supported yet; "
-                                "add, add_relu and cat are")
-        return super().__getattr__(name)
-
-
-class NotCalled(torch.nn.Module):
-    """Stands in for a quantized module the example run never called (its packed
-    weights cannot be exported, and its input's qparams are unknown)."""
-
-    def __init__(self, path, mod):
-        super().__init__()
-        self.path, self.kind = path, f"{type(mod).__module__}.{type(mod).__name__}"
-
-    def forward(self, *args, **kwargs):
-        raise UnsupportedOp(f"quantized module {self.path!r} ({self.kind}) was not called in "
-                            "the example run, so its input quantization parameters are "
-                            "unknown; give example inputs that reach it")
-
-
-def _replacement(path, m, seen):
-    import torch.ao.nn.intrinsic.quantized as nniq
-    import torch.ao.nn.quantized as nnq
-
-    qps = seen.get(path, [()])[0]
-    x_qp = qps[0] if qps else None
-    if isinstance(m, nnq.QFunctional):
-        return IntFunctional(m, path, seen)
-    if isinstance(m, nnq.Quantize):
-        return IntQuantize(m, path)
-    if isinstance(m, nnq.DeQuantize):
-        return IntDeQuantize(x_qp) if x_qp else torch.nn.Identity()
-    if x_qp is None and not _is_quantized_module(m):
-        return None  # float module on float data: untouched
-    if path not in seen and _is_quantized_module(m):
-        return NotCalled(path, m)  # forward never calls it: no input qparams to model
-    if type(m) in (nniq.ConvReLU2d, nnq.Conv2d):
-        return IntConv2d(m, path, x_qp, relu=isinstance(m, nniq.ConvReLU2d))
-    if type(m) in (nniq.LinearReLU, nnq.Linear):
-        return IntLinear(m, path, x_qp, relu=isinstance(m, nniq.LinearReLU))
-    if isinstance(m, torch.nn.MaxPool2d) and x_qp:
-        return IntMaxPool2d(m, x_qp)
-    if isinstance(m, torch.nn.AdaptiveAvgPool2d) and x_qp:
-        return IntAdaptiveAvgPool2d(m, x_qp)
-    if isinstance(m, _PASS_THROUGH):
-        return None
-    raise UnsupportedOp(f"module {path!r} ({type(m).__module__}.{type(m).__name__}) runs on "
-                        "quantized tensors and is not supported by the quantized importer; "
-                        "supported: Quantize, DeQuantize, (Quantized)Conv2d(+ReLU), "
-                        "Linear(+ReLU), QFunctional add/add_relu/cat, MaxPool2d, "
-                        "AdaptiveAvgPool2d, Identity, Flatten, Dropout")
-
-
-def _set(root: torch.nn.Module, path: str, new: torch.nn.Module) -> None:
-    parent, _, name = path.rpartition(".")
-    setattr(root.get_submodule(parent) if parent else root, name, new)
+    @functools.wraps(original)
+    def forward(*args, **kwargs):
+        return replayer.run(original, args, kwargs)
+    int_model.forward = forward
+    return int_model
 
 
 def _to_storage(tree):
-    return pytree.tree_map(lambda t: t.int_repr() if isinstance(t, torch.Tensor)
-                           and t.is_quantized else t, tree)
+    return pytree.tree_map(lambda t: t.int_repr() if _is_q(t) else t, tree)
 
 
 def rewrite_eager_quantized(model: torch.nn.Module, args: tuple, kwargs: dict):
     """Rewrite a converted eager-quantized model for export.
 
     Returns:
-        ``(int_model, int_args, int_kwargs, boundary)``: the rewritten copy, the
+        ``(int_model, int_args, int_kwargs, boundary)``: the replaying copy, the
         example inputs as integer storage, and the original boundary specs.
     Raises:
-        UnsupportedOp: a module, scheme or dtype the rewrite does not model, or
-            the rewritten model does not reproduce the original bit for bit.
+        UnsupportedOp: a call, scheme or dtype the replay does not model, or the
+            replay does not reproduce the original bit for bit.
     """
     with torch.no_grad():
-        rec = _Recorder(model)
-        try:
+        record = _Record()
+        with record:
             ref = model(*args, **kwargs)
-        finally:
-            rec.close()
-        int_model = copy.deepcopy(model)
-        replaced: list[str] = []
-        for path, m in list(int_model.named_modules()):
-            if not path or any(path.startswith(r + ".") for r in replaced):
-                continue  # the root, or inside a module already replaced
-            new = _replacement(path, m, rec.seen)
-            if new is not None:
-                _set(int_model, path, new)
-                replaced.append(path)
+        input_qparams = [_qparams(t, "the model input") if _is_q(t) else None
+                         for t in pytree.tree_leaves((args, kwargs))]
+        int_model = _integer_model(model, record.events, input_qparams)
         int_args, int_kwargs = _to_storage(args), _to_storage(kwargs)
         try:
             got = int_model(*int_args, **int_kwargs)
-        except Exception as e:  # an op the rewrite does not model, applied to integers
+        except UnsupportedOp:
+            raise
+        except Exception as e:  # an op on integers that fails: not modelled
             raise UnsupportedOp(
-                f"the rewritten quantized model fails on the example inputs ({type(e).__name__}: "
-                f"{str(e).strip().splitlines()[0] if str(e).strip() else ''}): the model applies an "
-                "operation to quantized tensors that the quantized importer does not model") from e
+                f"the replay of the quantized model fails on the example inputs "
+                f"({type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''})"
+                ": the model applies an operation to quantized tensors that the quantized "
+                "importer does not model", stage="import") from e
     ref_leaves, got_leaves = pytree.tree_leaves(ref), pytree.tree_leaves(got)
     for i, (r, g) in enumerate(zip(ref_leaves, got_leaves)):
-        want = r.int_repr() if r.is_quantized else r
-        if want.dtype != g.dtype or not torch.equal(want, g):
+        want = r.int_repr() if _is_q(r) else r
+        same = (want.dtype == g.dtype and torch.equal(want, g)) if isinstance(
+            r, torch.Tensor) and isinstance(g, torch.Tensor) else want == g
+        if not same:
             raise UnsupportedOp(
                 f"output {i} of the rewritten quantized model differs from the original on the "
                 "example inputs: the model applies an operation to quantized tensors that the "
-                "quantized importer does not model (e.g. a functional relu/add outside "
-                "QFunctional); refusing rather than returning wrong results")
+                "quantized importer does not model exactly; refusing rather than returning "
+                "wrong results", stage="import")
     inputs = tuple(TorchTensor.from_tensor(t) if isinstance(t, torch.Tensor) else None
                    for t in pytree.tree_leaves((args, kwargs)))
     outputs = tuple(TorchTensor.from_tensor(r) for r in ref_leaves)
     return int_model, int_args, int_kwargs, QuantizedBoundary(inputs, outputs)
-

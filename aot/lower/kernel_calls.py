@@ -275,18 +275,24 @@ def quantized_boundary(op: str, recorded: list, inputs: list, results: tuple):
         return recorded, inputs, results
     static = {o.name: static_values.decode(o.value) for o in recorded if isinstance(o, StaticArg)}
 
-    def qspec(t: TorchTensor, names) -> TorchTensor:
+    def qspec(t: TorchTensor, names, item: int | None = None) -> TorchTensor:
         if names[0] not in static or names[1] not in static:
             return t  # a run-time scale: stays integer storage
+        scale, zp = static[names[0]], static[names[1]]
+        if item is not None:  # a Tensor[] operand: per-element lists of parameters
+            scale, zp = scale[item], zp[item]
         return TorchTensor("quint8", t.shape, t.strides,
-                           QuantParams("per_tensor_affine", float(static[names[0]]),
-                                       int(static[names[1]])))
+                           QuantParams("per_tensor_affine", float(scale), int(zp)))
 
     inputs, new = list(inputs), []
     for o in recorded:
         if isinstance(o, TensorArg) and o.name in q.inputs:
             inputs[o.index] = qspec(inputs[o.index], q.inputs[o.name])
             o = TensorArg(o.name, o.index, inputs[o.index], o.kwarg_only, o.constant)
+        elif isinstance(o, TensorListArg) and o.name in q.inputs:
+            for i, index in enumerate(o.indices):
+                if index is not None:
+                    inputs[index] = qspec(inputs[index], q.inputs[o.name], i)
         new.append(o)
     if q.result is not None:
         results = tuple(qspec(r, q.result) for r in results)

@@ -194,16 +194,39 @@ class _QuantConv(torch.nn.Module):
         return self.dequant(self.conv(self.quant(x)))
 
 
-def test_unmodelled_op_on_quantized_tensor_is_refused_not_wrong():
+def test_functional_op_on_quantized_tensor_is_modelled():
     class M(_QuantConv):
         def forward(self, x):
             y = self.conv(self.quant(x))
             return self.dequant(torch.relu(y))  # quantized relu: clamps at the zero point
 
     m = _eager_quantize(M(), torch.randn(2, 3, 8, 8))
-    assert m.conv.zero_point != 0  # so relu on the integers would change nothing: wrong
-    with pytest.raises(aot.UnsupportedOp, match="differs from the original"):
+    assert m.conv.zero_point != 0  # relu on the integers themselves would change nothing
+    cm = aot.compile(m, (torch.randn(2, 3, 8, 8),), fallback_ops=["aot_q"])
+    x = torch.randn(2, 3, 8, 8)
+    torch.testing.assert_close(cm(x), m(x), rtol=0, atol=0)
+    assert "aot_q.relu" in cm.report()
+
+
+def test_unmodelled_op_on_quantized_tensor_is_refused_not_wrong():
+    class Up(torch.nn.Module):
+        def forward(self, y):
+            return torch.nn.functional.interpolate(y, scale_factor=2.0, mode="bilinear")
+
+    class M(_QuantConv):
+        def __init__(self):
+            super().__init__()
+            self.up = Up()
+
+        def forward(self, x):
+            return self.dequant(self.up(self.conv(self.quant(x))))
+
+    m = _eager_quantize(M(), torch.randn(2, 3, 8, 8))
+    with pytest.raises(aot.UnsupportedOp) as e:
         aot.compile(m, (torch.randn(2, 3, 8, 8),))
+    msg = str(e.value)
+    assert "F.interpolate on a quantized tensor or weight in module 'up' (Up)" in msg
+    assert "does not model it" in msg and "test_quantized.py:" in msg  # the user's line
 
 
 class _QDQ(torch.nn.Module):
