@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["quantized_resnet18", "QCONFIGS"]
+from .quantized_zoo import QCONFIGS, eager_quantize
 
-QCONFIGS = ("x86", "fbgemm", "qnnpack")
+__all__ = ["quantized_resnet18", "QCONFIGS"]
 
 
 def quantized_resnet18(backend: str = "x86", batch: int = 1, calibration_batches: int = 4,
@@ -23,7 +23,6 @@ def quantized_resnet18(backend: str = "x86", batch: int = 1, calibration_batches
     ``qnnpack``: per-tensor weights) and sets ``torch.backends.quantized.engine``
     to it, as a user deploying with that engine would.
     """
-    import torch.ao.quantization as tq
     from torchvision.models.quantization import resnet18
 
     if backend not in QCONFIGS:
@@ -37,14 +36,5 @@ def quantized_resnet18(backend: str = "x86", batch: int = 1, calibration_batches
             m.running_var.uniform_(0.5, 1.5, generator=g)
             m.weight.data.uniform_(0.5, 1.0, generator=g)
             m.bias.data.uniform_(-0.1, 0.1, generator=g)
-    model.fuse_model()
-    engine = "x86" if backend == "x86" else backend
-    if engine in torch.backends.quantized.supported_engines:
-        torch.backends.quantized.engine = engine
-    model.qconfig = tq.get_default_qconfig(backend)
-    tq.prepare(model, inplace=True)
-    with torch.no_grad():
-        for _ in range(calibration_batches):
-            model(torch.randn(4, 3, 224, 224, generator=g))
-    tq.convert(model, inplace=True)
+    eager_quantize(model, backend, 224, g, calibration_batches)
     return model, (torch.randn(batch, 3, 224, 224, generator=g),)

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["QUANTIZED_ZOO", "QCONFIGS", "MIN_SIZE", "quantized_model"]
+__all__ = ["QUANTIZED_ZOO", "QCONFIGS", "MIN_SIZE", "quantized_model", "eager_quantize"]
 
 QUANTIZED_ZOO = ("googlenet", "inception_v3", "mobilenet_v2", "mobilenet_v3_large",
                  "resnet18", "resnet50", "resnext101_32x8d", "resnext101_64x4d",
@@ -54,8 +54,6 @@ def quantized_model(name: str, backend: str = "x86", size: int = 224, batch: int
     ``qnnpack``: per-tensor weights) and sets ``torch.backends.quantized.engine``
     to it, as a user deploying with that engine would. ``size``: the input's side.
     """
-    import torch.ao.quantization as tq
-
     if name not in QUANTIZED_ZOO:
         raise ValueError(f"name must be one of {QUANTIZED_ZOO}, got {name!r}")
     if backend not in QCONFIGS:
@@ -67,6 +65,16 @@ def quantized_model(name: str, backend: str = "x86", size: int = 224, batch: int
     torch.manual_seed(seed)
     model = _float_model(name)
     _measure_batch_norms(model, size, g)
+    eager_quantize(model, backend, size, g, calibration_batches)
+    return model, (torch.randn(batch, 3, size, size, generator=g),)
+
+
+def eager_quantize(model: torch.nn.Module, backend: str, size: int, g: torch.Generator,
+                   calibration_batches: int = 4) -> None:
+    """torchvision's recipe, in place: ``fuse_model`` -> ``backend``'s qconfig (and
+    engine) -> ``prepare`` -> calibrate on generated images -> ``convert``."""
+    import torch.ao.quantization as tq
+
     model.fuse_model()
     if backend in torch.backends.quantized.supported_engines:
         torch.backends.quantized.engine = backend
@@ -76,4 +84,3 @@ def quantized_model(name: str, backend: str = "x86", size: int = 224, batch: int
         for _ in range(calibration_batches):
             model(torch.randn(4, 3, size, size, generator=g))
     tq.convert(model, inplace=True)
-    return model, (torch.randn(batch, 3, size, size, generator=g),)

@@ -334,6 +334,14 @@ class _PrepackedSite:
                                                  *self._pack_extra(rest))
         return self._run(self.packed, x, *self._run_args(rest))
 
+    @staticmethod
+    def _pack_extra(rest):
+        return ()  # operands after the bias that packing needs (conv: stride, padding...)
+
+    @staticmethod
+    def _run_args(rest):
+        return rest  # operands after the bias that the packed kernel takes
+
     def _pack_with_engine(self, *args):
         if self.engine is None:
             return self._pack(*args)
@@ -359,14 +367,6 @@ class _ConvSite(_PrepackedSite):
 
 class _LinearSite(_PrepackedSite):
     _pack, _run = staticmethod(_linear_pack), staticmethod(_linear_run)
-
-    @staticmethod
-    def _pack_extra(rest):
-        return ()
-
-    @staticmethod
-    def _run_args(rest):
-        return rest
 
 
 # op -> (constant operands it needs, factory of a per-site callable)
@@ -432,14 +432,6 @@ class _FloatSite(_PrepackedSite):
     """A float-result site: the weight dequantized once, on the first call."""
 
     _pack = staticmethod(_conv2d_f32_pack)
-
-    @staticmethod
-    def _pack_extra(rest):
-        return ()
-
-    @staticmethod
-    def _run_args(rest):
-        return rest
 
 
 class _Conv2dF32Site(_FloatSite):
