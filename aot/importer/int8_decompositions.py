@@ -104,12 +104,14 @@ def _mul(a, a_scale, a_zero_point, b, b_scale, b_zero_point, out_scale, out_zero
     return _through_real(y, out_scale, out_zero_point, relu)
 
 
-def _averaged(average, x, scale, zero_point, out_scale, out_zero_point):
+def _averaged(average, x, scale, zero_point, out_scale, out_zero_point, centered=True):
     """An average of quantized values. With the input's parameters kept (what ATen's
-    kernels give unless told otherwise) it is taken over the integers minus the zero
-    point and rounded half to even, as ATen does: ties stay ties, never a float a hair
-    off one. Padding is a real zero (the zero point) either way."""
-    if (float(scale), int(zero_point)) == (float(out_scale), int(out_zero_point)):
+    kernels give unless told otherwise) and ``centered``, it is taken over the integers
+    minus the zero point and rounded half to even, as ATen's pooling kernels (and
+    qnnpack's mean) do: ties stay ties, never a float a hair off one. Otherwise through
+    real numbers (x86's mean). Padding is a real zero (the zero point) either way."""
+    same = (float(scale), int(zero_point)) == (float(out_scale), int(out_zero_point))
+    if same and centered:
         return _requantize(average(_centered(x, zero_point).to(torch.float32)), zero_point,
                            False)
     return _through_real(average(_dequantize(x, scale, zero_point)), out_scale, out_zero_point)
@@ -118,7 +120,7 @@ def _averaged(average, x, scale, zero_point, out_scale, out_zero_point):
 @register_decomposition(aot_q.mean.default)
 def _mean(x, scale, zero_point, dim, keepdim, out_scale, out_zero_point):
     return _averaged(lambda v: torch.mean(v, dim, keepdim), x, scale, zero_point, out_scale,
-                     out_zero_point)
+                     out_zero_point, centered=torch.backends.quantized.engine == "qnnpack")
 
 
 @register_decomposition(aot_q.avg_pool2d.default)
