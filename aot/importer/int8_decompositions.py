@@ -30,6 +30,12 @@ def _requantize(y: torch.Tensor, zp: int, relu: bool) -> torch.Tensor:
     return (torch.round(y) + zp).clamp(zp if relu else 0, _QMAX).to(torch.int32).to(torch.uint8)
 
 
+def _through_real(y: torch.Tensor, out_scale, out_zero_point, relu=False) -> torch.Tensor:
+    """Quantize a real-valued result: what ATen's quantized kernels compute for ops
+    without integer arithmetic of their own (they dequantize, compute, requantize)."""
+    return _requantize(y * (1.0 / out_scale), out_zero_point, relu)
+
+
 def _centered(x: torch.Tensor, zp) -> torch.Tensor:
     return x.to(torch.int32) - zp
 
@@ -48,7 +54,7 @@ def _out_scale(acc, x_scale, w_scales, bias, out_scale, shape):
 
 @register_decomposition(aot_q.quantize.default)
 def _quantize(x, scale, zero_point):
-    return _requantize(x * (1.0 / scale), zero_point, False)
+    return _through_real(x, scale, zero_point)
 
 
 @register_decomposition(aot_q.dequantize.default)
@@ -89,13 +95,7 @@ def _linear(x, w, w_scales, w_zero_points, axis, bias, x_scale, x_zero_point, ou
 @register_decomposition(aot_q.add.default)
 def _add(a, a_scale, a_zero_point, b, b_scale, b_zero_point, out_scale, out_zero_point, relu):
     y = _dequantize(a, a_scale, a_zero_point) + _dequantize(b, b_scale, b_zero_point)
-    return _requantize(y * (1.0 / out_scale), out_zero_point, relu)
-
-
-def _through_real(y: torch.Tensor, out_scale, out_zero_point, relu=False) -> torch.Tensor:
-    """Quantize a real-valued result: what ATen's quantized kernels compute for ops
-    without integer arithmetic of their own (they dequantize, compute, requantize)."""
-    return _requantize(y * (1.0 / out_scale), out_zero_point, relu)
+    return _through_real(y, out_scale, out_zero_point, relu)
 
 
 @register_decomposition(aot_q.mul.default)
@@ -148,7 +148,7 @@ for _name in UNARY:
 @register_decomposition(aot_q.cat.default)
 def _cat(xs, scales, zero_points, dim, out_scale, out_zero_point):
     y = torch.cat([_dequantize(x, s, z) for x, s, z in zip(xs, scales, zero_points)], dim)
-    return _requantize(y * (1.0 / out_scale), out_zero_point, False)
+    return _through_real(y, out_scale, out_zero_point)
 
 
 @register_decomposition(aot_q.max_pool2d.default)
@@ -161,11 +161,9 @@ def _max_pool2d(x, scale, zero_point, kernel_size, stride, padding, dilation, ce
 
 @register_decomposition(aot_q.adaptive_avg_pool2d.default)
 def _adaptive_avg_pool2d(x, scale, zero_point, output_size):
-    # ATen averages the values minus the zero point, then rounds half to even (on the
-    # channels-last tensors quantized convolutions make): ties fall where they fall
-    # for x - zp, not for x (a 2x2 pool of ResNet18 at 64x64 ties on every 4th value)
-    y = F.adaptive_avg_pool2d(_centered(x, zero_point).to(torch.float32), output_size)
-    return _requantize(y, zero_point, False)
+    # over x - zp, as ATen does (a 2x2 pool of ResNet18 at 64x64 ties on every 4th value)
+    return _averaged(lambda v: F.adaptive_avg_pool2d(v, output_size), x, scale, zero_point,
+                     scale, zero_point)
 
 
 def _register_pt2e() -> None:
