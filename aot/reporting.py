@@ -95,9 +95,8 @@ def format_report(manifest: dict) -> str:
                      "residual adds fused) and linears (MKL) on weights packed once, written-out "
                      "attention as one fused kernel")
     if ex.get("quantized_engine"):
-        lines.append(f"quantized convolutions and linears run on weights packed for the "
-                     f"{ex['quantized_engine']} engine (values may differ from eager's engine "
-                     "by one quantization step)")
+        lines.append(f"quantized kernels run under the {ex['quantized_engine']} engine, "
+                     "recorded at compile, whatever the global engine at call time")
     if manifest.get("whole_program_call"):
         lines.append("the program is one kernel call: on the CPU the runtime calls it directly, "
                      "without entering the IREE VM")

@@ -11,7 +11,7 @@ For each case, interleaved calls, median of ``--runs``:
   against oneDNN's ``onednn.qconv2d_pointwise`` on a weight packed once;
 - the quantized ResNet18's 20 convolutions (x86 qconfig, their own inputs):
   ``quantized.conv2d[_relu]`` on weights packed by the x86 engine (as eager) against the
-  same op on weights packed by oneDNN (the ``aten-int8-onednn`` region candidate);
+  same op on weights packed by oneDNN (what an artifact compiled under the onednn engine runs);
 - MobileNetV2 (batch 1, torchvision, random weights) compiled with the defaults (one
   prepacked ATen region): each oneDNN convolution timed inside the model's calls, the same
   calls alone on their own inputs (weights and outputs hot in cache), and ONNX Runtime's

@@ -74,8 +74,8 @@ class ExecOptions:
     NHWC groups) and linears run on weights packed once, with activations and
     residual adds fused into the convolutions, and written-out attention runs as one
     fused kernel (``aot.fallback.prepack``). ``quantized_engine``: the engine
-    quantized weights are packed with (``aot.fallback.quantized_ops``; None:
-    the current one, as eager).
+    recorded at compile for a program with quantized ops: weights are packed with it
+    and calls run under it (``aot.fallback.quantized_ops.compile_engine``).
     """
 
     memory_format: str = "contiguous"

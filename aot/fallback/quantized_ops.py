@@ -16,10 +16,17 @@ where their parameters are, so the partitioner can give kernel-call operands
 full ``quint8`` TorchTensor specs (the executor then hands ATen real quantized
 tensors and takes the results apart again). ``PREPACKED`` builds per-call-site
 kernels that pack constant weights once instead of on every call, with the
-current quantized engine (eager's) or with a named one: packed for oneDNN, the
-same ``quantized::conv2d`` runs oneDNN's kernel whatever the global engine
-(faster on the test machine; results may differ from eager's by one
-quantization step, so it is a measured region candidate, not the default).
+engine recorded at compile.
+
+**The engine is part of the artifact.** ATen's quantized kernels round differently
+per engine (x86/fbgemm, oneDNN, qnnpack), and so do the decompositions
+(``aot.importer.int8_decompositions`` follows qnnpack's int32 bias and centered
+mean). ``compile_engine`` records ``torch.backends.quantized.engine`` as it is when
+a program with ``aot_q`` ops is compiled (the manifest's ``executor`` entry); the
+decompositions are traced under it, weights are packed with it, and every call of
+the artifact runs its kernel calls under it (``pinned_engine``), whatever the
+global engine is at load or call time. To deploy on oneDNN's kernels, set
+``torch.backends.quantized.engine = "onednn"`` before compiling.
 
 Activations are ``quint8`` (the x86/fbgemm/qnnpack default), weights ``qint8``
 per-tensor or per-channel (``axis = -1`` means per-tensor).
@@ -27,12 +34,13 @@ per-tensor or per-channel (``axis = -1`` means per-tensor).
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 
 import torch
 
 __all__ = ["NAMESPACE", "QUANT_OPERANDS", "PREPACKED", "IMPLS", "UNARY", "QuantOperands",
-           "Unary", "packing_engine_available"]
+           "Unary", "packing_engine_available", "compile_engine", "pinned_engine"]
 
 NAMESPACE = "aot_q"
 _lib = torch.library.Library(NAMESPACE, "DEF")
@@ -317,10 +325,33 @@ def packing_engine_available(engine: str) -> bool:
     return engine in torch.backends.quantized.supported_engines
 
 
+def compile_engine(graph) -> str | None:
+    """The quantized engine an artifact of ``graph`` (an FX graph) runs under: the
+    current one, when the graph has ``aot_q`` ops; None otherwise."""
+    for n in graph.nodes:
+        if n.op == "call_function" and getattr(n.target, "namespace", None) == NAMESPACE:
+            return torch.backends.quantized.engine
+    return None
+
+
+@contextlib.contextmanager
+def pinned_engine(engine: str | None):
+    """Run the block under ``engine`` (None, or the current one already: no change)."""
+    before = torch.backends.quantized.engine
+    if engine is None or engine == before:
+        yield
+        return
+    torch.backends.quantized.engine = engine
+    try:
+        yield
+    finally:
+        torch.backends.quantized.engine = before
+
+
 class _PrepackedSite:
     """Packs the (constant) weight on the first call, reuses the packing afterwards.
 
-    ``engine``: the quantized engine to pack with (None: the current one, as eager).
+    ``engine``: the quantized engine to pack with (the artifact's; None: the current one).
     """
 
     _pack = _run = None  # set by subclasses: (weight operands) -> packed; (packed, rest) -> out
@@ -343,14 +374,8 @@ class _PrepackedSite:
         return rest  # operands after the bias that the packed kernel takes
 
     def _pack_with_engine(self, *args):
-        if self.engine is None:
+        with pinned_engine(self.engine):  # the packing keeps its engine's kernel
             return self._pack(*args)
-        before = torch.backends.quantized.engine
-        torch.backends.quantized.engine = self.engine
-        try:  # the packed weight keeps its engine's kernel, whatever the engine later
-            return self._pack(*args)
-        finally:
-            torch.backends.quantized.engine = before
 
 
 class _ConvSite(_PrepackedSite):

@@ -8,6 +8,11 @@ requantization is ``round((acc + bias / (sx * sw)) * (sx * sw / so)) + zo`` in
 float32 with round-half-to-even, clamped to ``[0, 255]`` (``[zo, 255]`` with a
 fused ReLU). Results agree with ATen to within one quantization step (ATen
 rounds some products in a different order); the tests measure how often.
+
+Where engines round differently (qnnpack's int32 bias and centered mean), the
+decompositions follow ``torch.backends.quantized.engine`` as it is while the program
+compiles: the engine the artifact records and runs its kernel calls under
+(``aot.fallback.quantized_ops.compile_engine``), so both modes follow one engine.
 """
 
 from __future__ import annotations

@@ -18,6 +18,7 @@ import torch
 
 from ..artifact import FORMAT_VERSION, CompiledArtifact, dump_treespec, pack_constants
 from ..fallback.executor import ExecOptions
+from ..fallback.quantized_ops import compile_engine
 from ..torch_tensor import TorchTensor
 import dataclasses
 import logging
@@ -325,7 +326,8 @@ def _manifest(imported: ImportedProgram, target: Target, policy: PlacementPolicy
         "placements": [pl.to_json() for pl in placements],
         "policy": {"fallback": policy.fallback, "fallback_ops": list(policy.fallback_ops),
                    "placement": policy.placement},
-        "executor": ExecOptions().to_json(),
+        "executor": ExecOptions(
+            quantized_engine=compile_engine(imported.exported.graph)).to_json(),
         "whole_program_call": whole_program_call,
         "compile_seconds": round(seconds, 3),
         "vmfb_sha256": hashlib.sha256(vmfb).hexdigest(),

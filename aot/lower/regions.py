@@ -32,10 +32,14 @@ per invocation and per crossing can exceed what its code saves.
   grouped op is layout-safe (``aot.fallback.layout``);
 - ``aten-channels-last`` (elsewhere, e.g. CUDA): the ``aten`` region with
   convolutions run NHWC, for programs whose grouped ops are all layout-safe;
-- ``aten-int8-onednn`` (CPU, quantized convolutions or linears, when the
-  current quantized engine is not oneDNN already): the ``aten`` region with
-  quantized weights packed for oneDNN (``aot.fallback.quantized_ops``). Its
-  requantization may round a value one step away from eager's engine.
+
+No candidate changes the quantized engine: a quantized program's kernel calls
+run the engine recorded at compile (``aot.fallback.quantized_ops.compile_engine``),
+so every candidate gives eager int8's answers bit for bit. (An earlier candidate
+packed x86 programs' weights for oneDNN: 1.1x faster on MobileNetV2, but one
+quantization step away from eager on a few values per million, which random-weight
+MobileNetV2 amplified to 7 steps on its logits. A user who wants oneDNN's kernels
+sets that engine before compiling.)
 
 The manifest's ``"region"`` entry and the report give every candidate's time.
 Nothing is measured (the per-op placement stands) when the target device is
@@ -99,7 +103,6 @@ from ..artifact import CompiledArtifact
 from ..fallback import prepack
 from .compiled_forms import FORMS
 from ..fallback.quantized_ops import NAMESPACE as QUANTIZED_NAMESPACE
-from ..fallback.quantized_ops import packing_engine_available
 from ..fallback.executor import ExecOptions
 from ..fallback.layout import has_conv, layout_safe
 from ..importer.dynamic import resized
@@ -217,7 +220,7 @@ def choose_region(per_op: CompiledArtifact, imported: ImportedProgram, target: T
 
 
 # the fixed order near-ties are settled in: the per-op placement first, then the simpler regions
-_ORDER = ["iree", "iree-sync", "iree-tiled", "iree-coverage", "aten", "aten-prepacked", "aten-channels-last", "aten-int8-onednn"]
+_ORDER = ["iree", "iree-sync", "iree-tiled", "iree-coverage", "aten", "aten-prepacked", "aten-channels-last"]
 _RULE = 5  # the decision rule's version, part of the cache key
 _CONFIDENCE = 2.0  # a lead counts when it exceeds this many standard errors of the difference
 
@@ -354,17 +357,16 @@ def _aten_candidates(imported: ImportedProgram, target: Target) -> dict:
                 aten, ExecOptions("channels_last" if nhwc else "contiguous", prepack=True))
         elif nhwc:
             cands["aten-channels-last"] = _with_executor(aten, ExecOptions("channels_last"))
-        if target.driver.startswith("local") and _QUANTIZED_MM & set(ops) \
-                and torch.backends.quantized.engine != "onednn" \
-                and packing_engine_available("onednn"):
-            cands["aten-int8-onednn"] = _with_executor(aten, ExecOptions(quantized_engine="onednn"))
     except Exception as e:  # an ATen region is an optimisation: without it, per-op stands
         log.info("no ATen-region candidate: %s", e)
     return cands
 
 
 def _with_executor(a: CompiledArtifact, options: ExecOptions) -> CompiledArtifact:
-    return CompiledArtifact(a.vmfb, {**a.manifest, "executor": options.to_json()}, a.constants)
+    # the quantized engine is the program's (recorded at compile), never a candidate's
+    executor = {**options.to_json(), "quantized_engine":
+                (a.manifest.get("executor") or {}).get("quantized_engine")}
+    return CompiledArtifact(a.vmfb, {**a.manifest, "executor": executor}, a.constants)
 
 
 def _with_region(a: CompiledArtifact, region: dict, placements: list,

@@ -22,6 +22,7 @@ from ..errors import AotError, ArtifactError, InputMismatch, KernelCallFailed
 from ..symbolic import bind_inputs
 from ..fallback import static_values
 from ..fallback.executor import ExecOptions, HostModule, make_host_module
+from ..fallback.quantized_ops import pinned_engine
 from ..fallback.host_program import HostProgram
 from ..fallback.spec import KernelCallSpec
 from ..torch_tensor import TorchTensor, dtype_from_name
@@ -158,6 +159,10 @@ class CompiledModule:
         code, kernel calls, the host program): an artifact is for inference, so
         ``requires_grad`` inputs are read as values and results never have a
         ``grad_fn`` nor ``requires_grad`` (train with eager PyTorch)."""
+        engine = self.exec_options.quantized_engine  # the artifact's, not the global one
+        if engine is not None and engine != torch.backends.quantized.engine:
+            with torch.no_grad(), pinned_engine(engine):
+                return self._call(args, kwargs)
         with torch.no_grad():
             return self._call(args, kwargs)
 

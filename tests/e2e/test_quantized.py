@@ -297,26 +297,30 @@ def test_default_placement_keeps_quantized_convs_where_they_measure_faster(qresn
     assert ((out - ref).abs() <= float(model.fc.scale) + 1e-6).float().mean() >= 0.999
 
 
-def test_int8_weights_packed_for_onednn_stay_within_one_step(tmp_path, qresnet_x86):
+def test_the_artifact_runs_under_the_engine_recorded_at_compile(tmp_path):
+    """The engine is part of the artifact: compiled under qnnpack, it answers as eager
+    qnnpack does (bit for bit) when the global engine is x86 at call and at load."""
     from aot.artifact import CompiledArtifact
     from aot.runtime.module import CompiledModule
 
-    if "onednn" not in torch.backends.quantized.supported_engines:
-        pytest.skip("this torch build has no oneDNN quantized engine")
-    model, (x,) = qresnet_x86
-    a = aot.compile(model, (x,), fallback="all").artifact  # one ATen region, eager's engine
-    art = CompiledArtifact(a.vmfb, {**a.manifest, "executor": {
-        **a.manifest["executor"], "quantized_engine": "onednn"}}, a.constants)
-    cm = CompiledModule(art)
-    assert "packed for the onednn engine" in cm.report()
-    step = float(model.fc.scale)
-    for xi in [x] + _inputs(2):
-        d = (cm(xi) - model(xi)).abs() / step
-        assert float(d.max()) <= 1 + 1e-3, f"{float(d.max())} steps from eager"
-    assert torch.backends.quantized.engine == "x86"  # packing left the global engine alone
-    path = tmp_path / "onednn.aot"
+    if "qnnpack" not in torch.backends.quantized.supported_engines:
+        pytest.skip("engine qnnpack not in this torch build")
+    model, (x,) = quantized_resnet18("qnnpack", batch=2)
+    inputs = [x] + _inputs(2)
+    with torch.no_grad():
+        want = [model(xi) for xi in inputs]
+    cm = aot.compile(model, (x,), fallback="all")
+    assert cm.manifest["executor"]["quantized_engine"] == "qnnpack"
+    assert "under the qnnpack engine" in cm.report()
+    path = tmp_path / "qnnpack.aot"
     cm.save(str(path))
-    torch.testing.assert_close(aot.load(str(path))(x), cm(x), rtol=0, atol=0)
+    torch.backends.quantized.engine = "x86"
+    loaded = aot.load(str(path))
+    for m in (cm, loaded):
+        for xi, w in zip(inputs, want):
+            torch.testing.assert_close(m(xi), w, rtol=0, atol=0)
+    assert torch.backends.quantized.engine == "x86"  # calls left the global engine alone
+    a = cm.artifact
     bad = CompiledArtifact(a.vmfb, {**a.manifest, "executor": {
         **a.manifest["executor"], "quantized_engine": "no-such-engine"}}, a.constants)
     with pytest.raises(aot.ArtifactError, match="no-such-engine"):
