@@ -2,7 +2,7 @@
 
 Usage: python benchmarks/quantized_zoo.py [--models googlenet,mobilenet_v2,...]
        [--backend x86|fbgemm|qnnpack] [--size 224] [--inputs 100] [--runs 20]
-       [--out benchmarks/results/<dir>]
+       [--modes default,coverage,aten] [--out benchmarks/results/<dir>]
 
 For each model of ``models/quantized_zoo.py`` (random weights, batch norms measured
 and calibrated on generated data): compiles with the defaults, with every ``aot_q``
@@ -62,7 +62,8 @@ def one_step_sensitivity(model, inputs, step: float) -> float:
     return within / total
 
 
-def run(name: str, backend: str, size: int, n_inputs: int, runs: int) -> dict:
+def run(name: str, backend: str, size: int, n_inputs: int, runs: int,
+        modes=tuple(MODES)) -> dict:
     size = max(size, MIN_SIZE.get(name, 0))
     model, (x,) = quantized_model(name, backend, size=size)
     step = float([m.scale for m in model.modules() if isinstance(m, nnq.Linear)][-1])
@@ -71,7 +72,8 @@ def run(name: str, backend: str, size: int, n_inputs: int, runs: int) -> dict:
     row = {"model": name, "backend": backend, "size": size,
            "one_step_sensitivity": one_step_sensitivity(model, inputs[:20], step)}
     systems = {f"int8 eager ({torch.backends.quantized.engine})": model}
-    for mode, kw in MODES.items():
+    for mode in modes:
+        kw = MODES[mode]
         t0 = time.perf_counter()
         cm = aot.compile(model, (x,), **kw)
         row[mode] = {"compile_s": round(time.perf_counter() - t0, 1),
@@ -97,7 +99,7 @@ def markdown(rows: list[dict], info: str, runs: int) -> str:
         eager = next(iter(r["latency_ms"]))
         out.append(f"| {r['model']} | {r['size']} | {100 * r['one_step_sensitivity']:.1f}% "
                    f"| eager int8 | | | | | {r['latency_ms'][eager]:.2f} | 1.00x |")
-        for mode in MODES:
+        for mode in (m for m in MODES if m in r):
             m = r[mode]
             out.append(f"| | | | {mode} | {100 * m['within_one_step']:.2f}% | "
                        f"{m['max_steps']:.0f} | {100 * m['top1_agree']:.0f}% | {m['compile_s']} | "
@@ -116,13 +118,18 @@ def main(argv=None) -> int:
     ap.add_argument("--size", type=int, default=224)
     ap.add_argument("--inputs", type=int, default=100)
     ap.add_argument("--runs", type=int, default=20)
+    ap.add_argument("--modes", default=",".join(MODES),
+                    help=f"artifacts to build, of {','.join(MODES)} (coverage is slow to run)")
     ap.add_argument("--out", default=None, help="folder for results.md and results.json")
     a = ap.parse_args(argv)
     info = (f"machine: {platform.machine()} {os.cpu_count()} cores "
             f"({platform.processor() or 'cpu'}), torch {torch.__version__}, "
             f"{torch.get_num_threads()} threads, engine {a.backend}")
     print(info, flush=True)
-    rows = [run(n, a.backend, a.size, a.inputs, a.runs) for n in a.models.split(",")]
+    modes = a.modes.split(",")
+    if not set(modes) <= set(MODES):
+        ap.error(f"--modes: {sorted(set(modes) - set(MODES))} not among {list(MODES)}")
+    rows = [run(n, a.backend, a.size, a.inputs, a.runs, modes) for n in a.models.split(",")]
     text = markdown(rows, info, a.runs)
     print(text)
     if a.out:

@@ -35,12 +35,15 @@ per-tensor or per-channel (``axis = -1`` means per-tensor).
 from __future__ import annotations
 
 import contextlib
+import functools
+import sys
 from dataclasses import dataclass
 
 import torch
 
 __all__ = ["NAMESPACE", "QUANT_OPERANDS", "PREPACKED", "IMPLS", "UNARY", "QuantOperands",
-           "Unary", "packing_engine_available", "compile_engine", "pinned_engine"]
+           "Unary", "packing_engine_available", "compile_engine", "pinned_engine",
+           "requantizing_kernel"]
 
 NAMESPACE = "aot_q"
 _lib = torch.library.Library(NAMESPACE, "DEF")
@@ -332,6 +335,34 @@ def compile_engine(graph) -> str | None:
         if n.op == "call_function" and getattr(n.target, "namespace", None) == NAMESPACE:
             return torch.backends.quantized.engine
     return None
+
+
+def requantizing_kernel(op: str, groups: int = 1) -> str:
+    """Whose requantization ATen's quantized ``op`` (``"conv2d"``, ``"linear"``) runs
+    under the current engine, on this machine: ``"fbgemm"``, ``"onednn"``,
+    ``"qnnpack"``, or ``"onednn-if-symmetric"`` (the ``x86`` engine packs a convolution
+    for oneDNN when its weight's zero points are all 0, on Linux with AVX512-VNNI,
+    groups <= 100; for fbgemm otherwise; linears always for fbgemm)."""
+    engine = torch.backends.quantized.engine
+    if engine in ("onednn", "qnnpack"):
+        return engine
+    if engine == "x86" and op == "conv2d" and groups <= 100 and _x86_picks_onednn_here():
+        return "onednn-if-symmetric"
+    return "fbgemm"
+
+
+@functools.cache
+def _x86_picks_onednn_here() -> bool:
+    """What PyTorch's x86 engine checks before packing a convolution for oneDNN: Linux,
+    oneDNN in this build, a CPU with AVX512-VNNI (read from /proc/cpuinfo)."""
+    if not sys.platform.startswith("linux") or not torch.backends.mkldnn.is_available():
+        return False
+    try:
+        with open("/proc/cpuinfo") as f:
+            return any(line.startswith("flags") and "avx512_vnni" in line.split()
+                       for line in f)
+    except OSError:
+        return False
 
 
 @contextlib.contextmanager

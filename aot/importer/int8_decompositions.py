@@ -2,25 +2,40 @@
 
 Registered into ``IREE_DECOMPOSITIONS``: the partitioner decomposes an ``aot_q``
 op when IREE does not know it (always) unless the user forces it to ATen with
-``fallback_ops=["aot_q.conv2d", ...]``. The math mirrors ATen's x86/fbgemm
-kernels: activations minus zero point times int8 weights accumulate in int32;
-requantization is ``round((acc + bias / (sx * sw)) * (sx * sw / so)) + zo`` in
-float32 with round-half-to-even, clamped to ``[0, 255]`` (``[zo, 255]`` with a
-fused ReLU). Results agree with ATen to within one quantization step (ATen
-rounds some products in a different order); the tests measure how often.
+``fallback_ops=["aot_q.conv2d", ...]``. The math is ATen's: activations minus zero
+point times int8 weights accumulate in int32; the accumulator is requantized as the
+kernel eager runs does it (``quantized_ops.requantizing_kernel``), float steps in
+its order and rounded to float32 as there, round half to even, clamped to
+``[0, 255]`` (``[zo, 255]`` with a fused ReLU):
 
-Where engines round differently (qnnpack's int32 bias and centered mean), the
-decompositions follow ``torch.backends.quantized.engine`` as it is while the program
-compiles: the engine the artifact records and runs its kernel calls under
+- fbgemm (the ``fbgemm`` engine; ``x86`` for linears, grouped convolutions and CPUs
+  without AVX512-VNNI): ``round((acc + b / (sx*sw)) * (sx*sw / so)) + zo``;
+- oneDNN (the ``onednn`` engine; ``x86`` convolutions with at most 100 groups and
+  symmetric weights on AVX512-VNNI CPUs under Linux): ``round(((acc * sx') * sw' + b)
+  * (1 / so') + zo)``, where each scale has been through ideep's float32 reciprocal
+  and back (``sx' = 1 / float32(1 / sx)``);
+- qnnpack: the bias rounded to int32 and added to the accumulator, then
+  ``round(acc * (sx*sw / so)) + zo``.
+
+Measured against ATen's kernels on 16.7 M random outputs each: fbgemm and oneDNN
+linears bit-exact, oneDNN convolutions 2 values one step apart (the fbgemm formula
+alone left ~80 per 16.7 M there). Averages are taken over ``x - zp`` and rounded half
+to even as ATen's pooling kernels do; activations without integer arithmetic of
+their own go through float32 between a dequantize and a quantize, as ATen's do.
+
+Which engine: ``torch.backends.quantized.engine`` as it is while the program
+compiles, the engine the artifact records and runs its kernel calls under
 (``aot.fallback.quantized_ops.compile_engine``), so both modes follow one engine.
+The kernel choice within ``x86`` is this machine's (the CPU eager runs on here).
 """
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 
-from ..fallback.quantized_ops import UNARY  # (importing it defines torch.ops.aot_q)
+from ..fallback.quantized_ops import UNARY, requantizing_kernel  # (defines torch.ops.aot_q)
 from .decompositions import register_decomposition
 
 __all__: list[str] = []
@@ -38,23 +53,84 @@ def _requantize(y: torch.Tensor, zp: int, relu: bool) -> torch.Tensor:
 def _through_real(y: torch.Tensor, out_scale, out_zero_point, relu=False) -> torch.Tensor:
     """Quantize a real-valued result: what ATen's quantized kernels compute for ops
     without integer arithmetic of their own (they dequantize, compute, requantize)."""
-    return _requantize(y * (1.0 / out_scale), out_zero_point, relu)
+    return _requantize(y * _f32(1.0 / out_scale), out_zero_point, relu)
 
 
 def _centered(x: torch.Tensor, zp) -> torch.Tensor:
     return x.to(torch.int32) - zp
 
 
-def _out_scale(acc, x_scale, w_scales, bias, out_scale, shape):
-    act_w = (w_scales.to(torch.float32) * x_scale).reshape(shape)
-    if bias is not None and torch.backends.quantized.engine == "qnnpack":
+def _requantized(acc, x_scale, w_scales, w_zero_points, bias, out_scale, out_zero_point,
+                 relu, shape, kernel: str) -> torch.Tensor:
+    """A conv's or linear's int32 accumulator requantized as ATen's ``kernel`` does
+    (``quantized_ops.requantizing_kernel``); the float steps in the kernel's order,
+    each rounded to float32 as there, so near-ties fall the same way."""
+    if kernel == "qnnpack":
         # qnnpack quantizes the bias to int32 and adds it to the accumulator
-        bias_q = torch.round(bias.to(torch.float32).reshape(shape) / act_w).to(torch.int32)
-        return (acc + bias_q).to(torch.float32) * (act_w / out_scale)
+        act_w = (w_scales.to(torch.float32) * _f32(x_scale)).reshape(shape)
+        if bias is not None:
+            acc = acc + torch.round(bias.to(torch.float32).reshape(shape) / act_w).to(torch.int32)
+        return _requantize(acc.to(torch.float32) * (act_w / _f32(out_scale)), out_zero_point,
+                           relu)
+    fbgemm = _fbgemm_requantized(acc, x_scale, w_scales, bias, out_scale, out_zero_point,
+                                 relu, shape)
+    if kernel == "fbgemm":
+        return fbgemm
+    onednn = _onednn_requantized(acc, x_scale, w_scales, bias, out_scale, out_zero_point,
+                                 relu, shape)
+    if kernel == "onednn":
+        return onednn
+    # "onednn-if-symmetric": x86 packs the weight for oneDNN when its zero points are all 0
+    return torch.where((w_zero_points == 0).all(), onednn, fbgemm)
+
+
+def _fbgemm_requantized(acc, x_scale, w_scales, bias, out_scale, out_zero_point, relu, shape):
+    """fbgemm: ``round((acc + b / (sx*sw)) * (sx*sw / so)) + zo``."""
+    act_w = (w_scales.to(torch.float32) * _f32(x_scale)).reshape(shape)
     y = acc.to(torch.float32)
     if bias is not None:
         y = y + bias.to(torch.float32).reshape(shape) / act_w
-    return y * (act_w / out_scale)
+    return _requantize(y * (act_w / _f32(out_scale)), out_zero_point, relu)
+
+
+def _f32(v: float) -> float:
+    """``v`` as the float32 number ATen's kernels compute with. Every float constant of
+    a decomposition is one already: IREE 3.13 (through the FX importer) narrows a
+    float64 constant to float32 toward zero, not to the nearest (``x * (1 / 0.0371)``
+    multiplied by 26.954178 instead of 26.95418; measured: 7 of 4.2 M quantized values
+    a step off)."""
+    return float(np.float32(v))
+
+
+def _f32_reciprocal_twice(v: float) -> float:
+    """``1 / float32(1 / v)`` in float32: a scale after ideep's round trip to oneDNN."""
+    return float(np.float32(1) / np.float32(1.0 / v))
+
+
+def _onednn_requantized(acc, x_scale, w_scales, bias, out_scale, out_zero_point, relu, shape):
+    """oneDNN, as PyTorch calls it: every scale goes to ideep as its float32 reciprocal
+    and oneDNN inverts it again; then ``((acc * sx) * sw + b) * (1 / so) + zo``, each step
+    in float32, the zero point added before rounding."""
+    sx = _f32_reciprocal_twice(x_scale)
+    inv_so = float(np.float32(1) / np.float32(_f32_reciprocal_twice(out_scale)))
+    sw = 1.0 / (1.0 / w_scales.to(torch.float64)).to(torch.float32)
+    y = _rounded_product(acc.to(torch.float32) * sx, sw.reshape(shape))
+    if bias is not None:
+        y = y + bias.to(torch.float32).reshape(shape)
+    y = torch.round(_rounded_product(y, inv_so) + float(out_zero_point))
+    return y.clamp(out_zero_point if relu else 0, _QMAX).to(torch.int32).to(torch.uint8)
+
+
+def _rounded_product(a: torch.Tensor, b) -> torch.Tensor:
+    """``a * b`` rounded to float32 even where an add follows: IREE's llvm-cpu marks
+    float multiplies and adds ``contract``, so ``a * b + c`` becomes one fused
+    multiply-add, rounded once (measured: 7 of 5.2 M requantized values moved a step).
+    A clamp to the finite floats between them changes no value and is not a
+    multiply, so nothing is fused across it."""
+    return torch.clamp(a * b, -_F32_MAX, _F32_MAX)
+
+
+_F32_MAX = float(np.finfo(np.float32).max)
 
 
 @register_decomposition(aot_q.quantize.default)
@@ -64,27 +140,31 @@ def _quantize(x, scale, zero_point):
 
 @register_decomposition(aot_q.dequantize.default)
 def _dequantize(x, scale, zero_point):
-    return (x.to(torch.float32) - zero_point) * scale
+    # rounded as ATen rounds it, even where an add follows (see _rounded_product)
+    return _rounded_product(x.to(torch.float32) - zero_point, _f32(scale))
+
+
+def _conv_accumulate(x, w, w_zero_points, stride, padding, dilation, groups, x_zero_point):
+    """int32 sums of ``(x - zx) * (w - zw)``, computed as ``_conv2d`` computes them."""
+    wi = w.to(torch.int32) - w_zero_points.to(torch.int32).reshape(-1, 1, 1, 1)
+    if tuple(w.shape[2:]) == (1, 1) and not any(padding) and groups == 1:
+        # subsample the uint8 input before widening it (IREE 3.13's llvm-cpu puts a
+        # strided slice of a widened tensor on the stack, megabytes, and fails)
+        xs = _centered(x[:, :, ::stride[0], ::stride[1]], x_zero_point)
+        n, c, h, wd = xs.shape
+        acc = torch.matmul(xs.permute(0, 2, 3, 1).reshape(n * h * wd, c),
+                           wi.reshape(wi.shape[0], c).t())
+        return acc.reshape(n, h, wd, -1).permute(0, 3, 1, 2)
+    return torch.ops.aten.convolution(_centered(x, x_zero_point), wi, None, stride, padding,
+                                      dilation, False, [0, 0], groups)
 
 
 @register_decomposition(aot_q.conv2d.default)
 def _conv2d(x, w, w_scales, w_zero_points, axis, bias, stride, padding, dilation, groups,
             x_scale, x_zero_point, out_scale, out_zero_point, relu):
-    wi = w.to(torch.int32) - w_zero_points.to(torch.int32).reshape(-1, 1, 1, 1)
-    if tuple(w.shape[2:]) == (1, 1) and not any(padding) and groups == 1:
-        # A 1x1 conv is a matmul over the (subsampled) pixels. Subsample the uint8
-        # input before widening it: IREE 3.13's llvm-cpu puts a strided slice of a
-        # widened tensor on the stack (megabytes) and fails.
-        xs = _centered(x[:, :, ::stride[0], ::stride[1]], x_zero_point)
-        n, c, h, wd = xs.shape
-        rows = xs.permute(0, 2, 3, 1).reshape(n * h * wd, c)
-        acc = torch.matmul(rows, wi.reshape(wi.shape[0], c).t())
-        acc = acc.reshape(n, h, wd, -1).permute(0, 3, 1, 2)
-    else:
-        acc = torch.ops.aten.convolution(_centered(x, x_zero_point), wi, None, stride, padding, dilation, False,
-                                         [0, 0], groups)
-    y = _out_scale(acc, x_scale, w_scales, bias, out_scale, (1, -1, 1, 1))
-    return _requantize(y, out_zero_point, relu)
+    acc = _conv_accumulate(x, w, w_zero_points, stride, padding, dilation, groups, x_zero_point)
+    return _requantized(acc, x_scale, w_scales, w_zero_points, bias, out_scale, out_zero_point,
+                        relu, (1, -1, 1, 1), requantizing_kernel("conv2d", groups))
 
 
 @register_decomposition(aot_q.linear.default)
@@ -93,8 +173,9 @@ def _linear(x, w, w_scales, w_zero_points, axis, bias, x_scale, x_zero_point, ou
     wi = w.to(torch.int32) - w_zero_points.to(torch.int32).reshape(-1, 1)
     xi = _centered(x, x_zero_point)
     acc = torch.matmul(xi.reshape(-1, xi.shape[-1]), wi.t())
-    y = _out_scale(acc, x_scale, w_scales, bias, out_scale, (1, -1))
-    return _requantize(y, out_zero_point, relu).reshape(*x.shape[:-1], w.shape[0])
+    y = _requantized(acc, x_scale, w_scales, w_zero_points, bias, out_scale, out_zero_point,
+                     relu, (1, -1), requantizing_kernel("linear"))
+    return y.reshape(*x.shape[:-1], w.shape[0])
 
 
 @register_decomposition(aot_q.add.default)
@@ -183,12 +264,12 @@ def _register_pt2e() -> None:
 
     @register_decomposition(q_t)
     def _q_per_tensor(x, scale, zero_point, quant_min, quant_max, dtype):
-        y = torch.round(x.to(torch.float32) * (1.0 / scale)) + zero_point
+        y = torch.round(x.to(torch.float32) * _f32(1.0 / scale)) + zero_point
         return y.clamp(quant_min, quant_max).to(torch.int32).to(dtype)  # see _requantize
 
     @register_decomposition(dq_t)
     def _dq_per_tensor(x, scale, zero_point, quant_min, quant_max, dtype, *, out_dtype=None):
-        y = (x.to(torch.float32) - zero_point) * scale
+        y = (x.to(torch.float32) - zero_point) * _f32(scale)
         return y if out_dtype is None else y.to(out_dtype)
 
     @register_decomposition(dq_c)
@@ -206,23 +287,9 @@ _register_pt2e()
 
 # --- int8 conv/linear with float results (PT2E: the result feeds a float op) ------------
 
-def _conv_accumulate(x, w, w_zero_points, stride, padding, dilation, groups, x_zero_point):
-    """int32 sums of ``(x - zx) * (w - zw)``, computed as ``_conv2d`` computes them."""
-    wi = w.to(torch.int32) - w_zero_points.to(torch.int32).reshape(-1, 1, 1, 1)
-    if tuple(w.shape[2:]) == (1, 1) and not any(padding) and groups == 1:
-        # subsample the uint8 input before widening it (see _conv2d)
-        xs = _centered(x[:, :, ::stride[0], ::stride[1]], x_zero_point)
-        n, c, h, wd = xs.shape
-        acc = torch.matmul(xs.permute(0, 2, 3, 1).reshape(n * h * wd, c),
-                           wi.reshape(wi.shape[0], c).t())
-        return acc.reshape(n, h, wd, -1).permute(0, 3, 1, 2)
-    return torch.ops.aten.convolution(_centered(x, x_zero_point), wi, None, stride, padding,
-                                      dilation, False, [0, 0], groups)
-
-
 def _float_result(acc, x_scale, w_scales, bias, shape):
     """``acc * x_scale * w_scale + bias`` in float32: the dequantized accumulator."""
-    y = acc.to(torch.float32) * (w_scales.to(torch.float32) * x_scale).reshape(shape)
+    y = acc.to(torch.float32) * (w_scales.to(torch.float32) * _f32(x_scale)).reshape(shape)
     return y if bias is None else y + bias.to(torch.float32).reshape(shape)
 
 
