@@ -15,9 +15,7 @@ Compile times are printed: inductor's is part of what a user pays. Not a test.
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import platform
 import sys
 import time
 
@@ -26,6 +24,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import torch  # noqa: E402
 
 import aot  # noqa: E402
+from benchmarks.report import machine_info, speedups, table_head, write_results  # noqa: E402
 from benchmarks.quantized_resnet18 import latency  # noqa: E402
 from models import pt2e  # noqa: E402
 
@@ -63,17 +62,15 @@ def run(name: str, size: int, runs: int) -> dict:
     ms = latency({"converted (eager Q/DQ)": converted, "inductor (freezing)": compiled,
                   "aot default": cm}, x, runs)
     row["latency_ms"] = ms
-    base = ms["inductor (freezing)"]
-    row["vs_inductor"] = {k: base / v for k, v in ms.items()}
-    print(f"  {name}: " + "  ".join(f"{k} {v:.2f} ms ({base / v:.2f}x)" for k, v in ms.items())
-          + f"  compile inductor {inductor_s:.0f}s aot {aot_s:.0f}s", flush=True)
+    row["vs_inductor"], line = speedups(ms, "inductor (freezing)")
+    print(f"  {name}: {line}  compile inductor {inductor_s:.0f}s aot {aot_s:.0f}s", flush=True)
     return row
 
 
 def markdown(rows: list[dict], info: str, runs: int) -> str:
-    out = [f"# PT2E: aot default against torch.compile (freezing)\n\n{info}\n",
-           "| model | input | converted ms | inductor ms | aot ms | aot vs inductor | "
-           "max diff aot / inductor | compile s aot / inductor |", "|---" * 8 + "|"]
+    out = table_head("PT2E: aot default against torch.compile (freezing)", info, [
+        "model", "input", "converted ms", "inductor ms", "aot ms", "aot vs inductor",
+        "max diff aot / inductor", "compile s aot / inductor"])
     for r in rows:
         ms = r["latency_ms"]
         out.append(f"| {r['model']} | {r['input']} | {ms['converted (eager Q/DQ)']:.2f} | "
@@ -96,19 +93,12 @@ def main(argv=None) -> int:
     names = a.models.split(",")
     if not set(names) <= set(BUILDERS):
         ap.error(f"--models: {sorted(set(names) - set(BUILDERS))} not among {list(BUILDERS)}")
-    info = (f"machine: {platform.machine()} {os.cpu_count()} cores "
-            f"({platform.processor() or 'cpu'}), torch {torch.__version__}, "
-            f"{torch.get_num_threads()} threads")
+    info = machine_info()
     print(info, flush=True)
     rows = [run(n, a.size, a.runs) for n in names]
     text = markdown(rows, info, a.runs)
     print(text)
-    if a.out:
-        os.makedirs(a.out, exist_ok=True)
-        with open(os.path.join(a.out, "results.md"), "w") as f:
-            f.write(text)
-        with open(os.path.join(a.out, "results.json"), "w") as f:
-            json.dump({"info": info, "rows": rows}, f, indent=1)
+    write_results(a.out, text, info, rows)
     return 0
 
 

@@ -20,9 +20,7 @@ machine, which is printed.
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import platform
 import sys
 import time
 
@@ -32,6 +30,7 @@ import torch  # noqa: E402
 import torch.ao.nn.quantized as nnq  # noqa: E402
 
 import aot  # noqa: E402
+from benchmarks.report import machine_info, speedups, table_head, write_results  # noqa: E402
 from benchmarks.quantized_resnet18 import agreement, latency  # noqa: E402
 from models.quantized_zoo import MIN_SIZE, QUANTIZED_ZOO, quantized_model  # noqa: E402
 
@@ -83,18 +82,16 @@ def run(name: str, backend: str, size: int, n_inputs: int, runs: int,
               f"{100 * row[mode]['within_one_step']:.2f}%  max {row[mode]['max_steps']:.0f} "
               f"steps  top-1 {100 * row[mode]['top1_agree']:.0f}%", flush=True)
     ms = latency(systems, x, runs)
-    base = next(iter(ms.values()))
     row["latency_ms"] = ms
-    row["speed_vs_eager_int8"] = {k: base / v for k, v in ms.items()}
-    print("  " + "  ".join(f"{k} {v:.2f} ms ({base / v:.2f}x)" for k, v in ms.items()),
-          flush=True)
+    row["speed_vs_eager_int8"], line = speedups(ms, next(iter(ms)))
+    print("  " + line, flush=True)
     return row
 
 
 def markdown(rows: list[dict], info: str, runs: int) -> str:
-    out = [f"# Quantized zoo: agreement with eager int8 and latency\n\n{info}\n",
-           "| model | size | one-step sensitivity | mode | within one step | max steps | top-1 "
-           "| compile s | ms | vs eager int8 |", "|---" * 10 + "|"]
+    out = table_head("Quantized zoo: agreement with eager int8 and latency", info, [
+        "model", "size", "one-step sensitivity", "mode", "within one step", "max steps",
+        "top-1", "compile s", "ms", "vs eager int8"])
     for r in rows:
         eager = next(iter(r["latency_ms"]))
         out.append(f"| {r['model']} | {r['size']} | {100 * r['one_step_sensitivity']:.1f}% "
@@ -122,9 +119,7 @@ def main(argv=None) -> int:
                     help=f"artifacts to build, of {','.join(MODES)} (coverage is slow to run)")
     ap.add_argument("--out", default=None, help="folder for results.md and results.json")
     a = ap.parse_args(argv)
-    info = (f"machine: {platform.machine()} {os.cpu_count()} cores "
-            f"({platform.processor() or 'cpu'}), torch {torch.__version__}, "
-            f"{torch.get_num_threads()} threads, engine {a.backend}")
+    info = machine_info(f"engine {a.backend}")
     print(info, flush=True)
     modes = a.modes.split(",")
     if not set(modes) <= set(MODES):
@@ -132,12 +127,7 @@ def main(argv=None) -> int:
     rows = [run(n, a.backend, a.size, a.inputs, a.runs, modes) for n in a.models.split(",")]
     text = markdown(rows, info, a.runs)
     print(text)
-    if a.out:
-        os.makedirs(a.out, exist_ok=True)
-        with open(os.path.join(a.out, "results.md"), "w") as f:
-            f.write(text)
-        with open(os.path.join(a.out, "results.json"), "w") as f:
-            json.dump({"info": info, "rows": rows}, f, indent=1)
+    write_results(a.out, text, info, rows)
     return 0
 
 
