@@ -24,7 +24,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import torch  # noqa: E402
 
 import aot  # noqa: E402
-from benchmarks.report import machine_info, speedups, table_head, write_results  # noqa: E402
+from benchmarks.report import machine_info, publish, speedups, table_head  # noqa: E402
 from benchmarks.quantized_resnet18 import latency  # noqa: E402
 from models import pt2e  # noqa: E402
 
@@ -96,9 +96,7 @@ def main(argv=None) -> int:
     info = machine_info()
     print(info, flush=True)
     rows = [run(n, a.size, a.runs) for n in names]
-    text = markdown(rows, info, a.runs)
-    print(text)
-    write_results(a.out, text, info, rows)
+    publish(a.out, markdown(rows, info, a.runs), info, rows)
     return 0
 
 

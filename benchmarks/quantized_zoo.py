@@ -30,7 +30,7 @@ import torch  # noqa: E402
 import torch.ao.nn.quantized as nnq  # noqa: E402
 
 import aot  # noqa: E402
-from benchmarks.report import machine_info, speedups, table_head, write_results  # noqa: E402
+from benchmarks.report import machine_info, publish, speedups, table_head  # noqa: E402
 from benchmarks.quantized_resnet18 import agreement, latency  # noqa: E402
 from models.quantized_zoo import MIN_SIZE, QUANTIZED_ZOO, quantized_model  # noqa: E402
 
@@ -125,9 +125,7 @@ def main(argv=None) -> int:
     if not set(modes) <= set(MODES):
         ap.error(f"--modes: {sorted(set(modes) - set(MODES))} not among {list(MODES)}")
     rows = [run(n, a.backend, a.size, a.inputs, a.runs, modes) for n in a.models.split(",")]
-    text = markdown(rows, info, a.runs)
-    print(text)
-    write_results(a.out, text, info, rows)
+    publish(a.out, markdown(rows, info, a.runs), info, rows)
     return 0
 
 

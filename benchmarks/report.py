@@ -8,7 +8,7 @@ import platform
 
 import torch
 
-__all__ = ["machine_info", "speedups", "table_head", "write_results"]
+__all__ = ["machine_info", "publish", "speedups", "table_head"]
 
 
 def machine_info(extra: str = "") -> str:
@@ -19,8 +19,10 @@ def machine_info(extra: str = "") -> str:
     return f"{info}, {extra}" if extra else info
 
 
-def write_results(out: str | None, text: str, info: str, rows: list) -> None:
-    """``results.md`` (``text``) and ``results.json`` (``info``, ``rows``) in ``out``."""
+def publish(out: str | None, text: str, info: str, rows: list) -> None:
+    """Print ``text``; with ``out``, also write it as ``results.md`` and ``info`` and
+    ``rows`` as ``results.json`` there."""
+    print(text)
     if not out:
         return
     os.makedirs(out, exist_ok=True)
