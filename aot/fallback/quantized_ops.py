@@ -338,11 +338,13 @@ def compile_engine(graph) -> str | None:
 
 
 def requantizing_kernel(op: str, groups: int = 1) -> str:
-    """Whose requantization ATen's quantized ``op`` (``"conv2d"``, ``"linear"``) runs
-    under the current engine, on this machine: ``"fbgemm"``, ``"onednn"``,
-    ``"qnnpack"``, or ``"onednn-if-symmetric"`` (the ``x86`` engine packs a convolution
-    for oneDNN when its weight's zero points are all 0, on Linux with AVX512-VNNI,
-    groups <= 100; for fbgemm otherwise; linears always for fbgemm)."""
+    """Whose requantization ATen's quantized ``op`` (``"conv2d"``, ``"linear"``,
+    ``"add"``) runs under the current engine, on this machine: ``"fbgemm"``,
+    ``"onednn"``, ``"qnnpack"``, or ``"onednn-if-symmetric"`` (the ``x86`` engine packs
+    a convolution for oneDNN when its weight's zero points are all 0, on Linux with
+    AVX512-VNNI, groups <= 100; for fbgemm otherwise; linears always for fbgemm). Only
+    qnnpack's ``add`` has a requantization of its own (fixed point); the others add
+    through real numbers."""
     engine = torch.backends.quantized.engine
     if engine in ("onednn", "qnnpack"):
         return engine
