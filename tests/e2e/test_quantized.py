@@ -2,7 +2,8 @@
 
 Two modes against eager quantized PyTorch:
 - ATen fallback (every ``aot_q`` op forced to ATen's quantized kernels): bit-exact;
-- compiled int8 (default): within one quantization step, same top-1 class.
+- compiled int8 (`placement="coverage"`): bit-exact too (the decompositions round as
+  ATen's kernels do); the default placement picks per op where each runs faster.
 """
 
 import warnings
@@ -72,17 +73,8 @@ def test_quantized_resnet18_compiled_int8_agrees(qresnet_x86):
     cm = aot.compile(model, (x,), placement="coverage")  # every aot_q op as integer arithmetic
     placed = {p["op"].split(".")[0] for p in cm.manifest["placements"] if p["where"] == "compiled"}
     assert "aten" in placed and not any(k["op"].startswith("aot_q") for k in kernel_call_ops(cm.manifest))
-    step = float(model.fc.scale)
-    within = total = top1 = n = 0
-    for xi in _inputs(8):
-        ref, out = model(xi), cm(xi)
-        d = (out - ref).abs() / step
-        within += int((d <= 1 + 1e-3).sum())
-        total += d.numel()
-        top1 += int((out.argmax(1) == ref.argmax(1)).sum())
-        n += xi.shape[0]
-    assert within / total >= 0.999, f"only {100 * within / total:.3f}% within one step"
-    assert top1 / n >= 0.99 - 1e-9 or n - top1 <= 1, f"top-1 agrees on {top1}/{n}"
+    for xi in _inputs(8):  # the decompositions round as ATen's kernels do: bit-exact
+        torch.testing.assert_close(cm(xi), model(xi), rtol=0, atol=0)
 
 
 def test_fallback_ops_choose_per_op_and_report_shows_it(qresnet_x86):
