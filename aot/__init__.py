@@ -30,7 +30,7 @@ __version__ = "0.1.0"
 def compile(model, args=(), *, example_kwargs=None, target: str = "cpu", fallback: str = "auto",
             fallback_ops=(), strict: bool = False, extra_flags=(),
             profile: str = "default", placement: str = "auto", plan=None,
-            dynamic_shapes=None) -> CompiledModule:
+            dynamic_shapes=None, via: str = "torch") -> CompiledModule:
     """Compile ``model`` for ``target`` and load it, ready to call.
 
     Args:
@@ -55,6 +55,9 @@ def compile(model, args=(), *, example_kwargs=None, target: str = "cpu", fallbac
             input dimension): those dimensions stay dynamic, and the artifact serves
             every size in their ranges (README, "Dynamic shapes"). Placement is
             measured at the example's sizes (an example of 1 is exported at 2).
+        via: what IREE compiles: ``"torch"`` (the Torch dialect, IREE's own lowering)
+            or ``"stablehlo"`` (torch-mlir lowers the covered ops to StableHLO first;
+            ops it cannot lower run in ATen; needs ``pip install 'aot[stablehlo]'``).
         plan: the decisions of an earlier compile to reuse instead of measuring
             (``CompiledModule.plan()``, or the path of a JSON file holding it).
             Without it, a decision measured on this machine for this program is
@@ -74,7 +77,7 @@ def compile(model, args=(), *, example_kwargs=None, target: str = "cpu", fallbac
         from .lower.regions import read_plan
         plan = read_plan(plan)
     policy = PlacementPolicy.make(fallback, fallback_ops, placement, plan)
-    tgt = get_target(target, tuple(extra_flags), profile)
+    tgt = get_target(target, tuple(extra_flags), profile, via)
     imported = import_model(model, args, example_kwargs, ImportOptions(
         strict=strict, dynamic_shapes=dynamic_shapes, pt2e_integer_ops=policy.fallback != "all"))
     # Compiling never needs the target device: without it, the module opens the

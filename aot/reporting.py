@@ -37,6 +37,11 @@ def format_report(manifest: dict) -> str:
         f"ops: {total} total, {s['ops_compiled']} compiled by IREE, "
         f"{s['ops_fallback']} kernel calls into ATen",
     ]
+    if manifest.get("via", "torch") == "stablehlo":
+        lines.append("path: StableHLO (torch-mlir lowers the compiled ops, IREE compiles "
+                     "StableHLO; an op torch-mlir cannot lower runs in ATen, with its error)")
+    else:
+        lines.append("path: Torch dialect (IREE lowers the compiled ops)")
     symbols = manifest.get("symbols") or {}
     if symbols:
         dims = "; ".join(

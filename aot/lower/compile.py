@@ -310,6 +310,7 @@ def _manifest(imported: ImportedProgram, target: Target, policy: PlacementPolicy
         "format_version": FORMAT_VERSION,
         "name": imported.name,
         "target": target.name,
+        "via": target.via,
         "driver": target.driver,
         "flags": list(target.flags),
         "torch_version": torch.__version__,

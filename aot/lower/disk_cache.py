@@ -27,7 +27,8 @@ class JsonCache:
         import iree.compiler.version as v
         directory = directory or os.environ.get("AOT_CACHE_DIR") or os.path.join(
             os.path.expanduser("~"), ".cache", "aot")
-        digest = hashlib.sha256((" ".join(target.flags) + key).encode()).hexdigest()[:12]
+        via = "" if target.via == "torch" else f" via={target.via}"  # coverage differs per path
+        digest = hashlib.sha256((" ".join(target.flags) + via + key).encode()).hexdigest()[:12]
         ver = getattr(v, "VERSION", getattr(v, "PACKAGE_SUFFIX", "unknown"))
         self.path = os.path.join(directory, f"{kind}-{ver}-{target.name}-{digest}.json")
         try:

@@ -19,15 +19,25 @@ log = logging.getLogger(__name__)
 
 
 def try_compile(asm: str, target: Target) -> tuple[bytes | None, str]:
-    """Compile; return ``(vmfb, "")`` or ``(None, diagnostics)``."""
+    """Compile the Torch-dialect ``asm``; return ``(vmfb, "")`` or ``(None, diagnostics)``.
+
+    ``target.via == "stablehlo"``: torch-mlir lowers it to StableHLO first
+    (``aot.lower.stablehlo``); its diagnostics point at ``asm``'s lines as IREE's do."""
+    input_type = "torch"
+    if target.via == "stablehlo":
+        from .stablehlo import host_calls, to_stablehlo
+        shlo, diag = to_stablehlo(asm)
+        if shlo is None:
+            return None, diag
+        asm, input_type = host_calls(shlo), "stablehlo"
     try:
-        return _compile(asm, target), ""
+        return _compile(asm, target, input_type), ""
     except CompilerToolError as e:
         return None, str(e)
 
 
-def _compile(asm: str, target: Target) -> bytes:
-    return compile_str(asm, target_backends=[target.backend], input_type="torch",
+def _compile(asm: str, target: Target, input_type: str = "torch") -> bytes:
+    return compile_str(asm, target_backends=[target.backend], input_type=input_type,
                        extra_args=list(target.flags))
 
 
@@ -53,6 +63,9 @@ def compile_error(asm: str, target: Target, diag: str, *, what: str = "model",
     with open(path, "w") as f:
         f.write(asm)
     flags = " ".join(target.flags)
+    if target.via == "stablehlo":
+        note += ("(via='stablehlo': torch-mlir lowers the input IR to StableHLO first, "
+                 "as aot.lower.stablehlo.PIPELINE; the repro below skips that step)\n")
     err = CompileFailed(
         f"IREE could not compile {what} for {target.name}: {first_error(diag)}\n{note}"
         f"input IR: {path}\nrepro: iree-compile --iree-input-type=torch "

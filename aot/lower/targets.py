@@ -11,7 +11,8 @@ from dataclasses import dataclass
 
 from ..errors import CompileFailed
 
-__all__ = ["Target", "TARGETS", "PROFILES", "get_target"]
+__all__ = ["Target", "TARGETS", "PROFILES", "VIAS", "get_target"]
+VIAS = ("torch", "stablehlo")
 
 
 @dataclass(frozen=True)
@@ -21,6 +22,9 @@ class Target:
     driver: str
     flags: tuple[str, ...]
     profile: str = "default"  # "iree-default": IREE as it comes, no measured flag variants
+    # what IREE compiles: "torch" (the Torch dialect, IREE's own lowering) or
+    # "stablehlo" (lowered by torch-mlir first: aot.lower.stablehlo)
+    via: str = "torch"
 
 
 TARGETS: dict[str, Target] = {
@@ -41,8 +45,12 @@ PROFILES: dict[str, dict[str, tuple[str, ...]]] = {
 }
 
 
-def get_target(name: str, extra_flags: tuple[str, ...] = (), profile: str = "default") -> Target:
-    """Look up a target by name; the profile's flags, then ``extra_flags``, are appended."""
+def get_target(name: str, extra_flags: tuple[str, ...] = (), profile: str = "default",
+               via: str = "torch") -> Target:
+    """Look up a target by name; the profile's flags, then ``extra_flags``, are appended;
+    ``via`` is the input IREE compiles (``VIAS``)."""
+    if via not in VIAS:
+        raise CompileFailed(f"unknown via {via!r}; choose one of {list(VIAS)}")
     try:
         t = TARGETS[name]
     except KeyError:
@@ -52,4 +60,5 @@ def get_target(name: str, extra_flags: tuple[str, ...] = (), profile: str = "def
     except KeyError:
         raise CompileFailed(f"unknown profile {profile!r} for {name}; choose one of "
                             f"{sorted(PROFILES[name])}") from None
-    return Target(t.name, t.backend, t.driver, t.flags + pflags + tuple(extra_flags), profile)
+    return Target(t.name, t.backend, t.driver, t.flags + pflags + tuple(extra_flags), profile,
+                  via)
