@@ -20,7 +20,7 @@ from .runtime.module import CompiledModule, load
 from .torch_tensor import QuantParams, TorchTensor
 
 __all__ = [
-    "compile", "load", "report", "CompiledModule", "TorchTensor", "QuantParams",
+    "compile", "export_stablehlo", "load", "report", "CompiledModule", "TorchTensor", "QuantParams",
     "AotError", "ArtifactError", "CompileFailed", "ExportFailed", "InputMismatch",
     "InternalError", "KernelCallFailed", "UnsupportedOp",
 ]
@@ -86,6 +86,26 @@ def compile(model, args=(), *, example_kwargs=None, target: str = "cpu", fallbac
     here = tgt.driver.startswith("local") or torch.cuda.is_available()
     example = (args if isinstance(args, tuple) else (args,), dict(example_kwargs or {}))
     return CompiledModule(compile_model(imported, tgt, policy, example), open_device=here)
+
+
+def export_stablehlo(model, args=(), *, example_kwargs=None, target: str = "cpu",
+                     fallback: str = "auto", fallback_ops=(), strict: bool = False,
+                     dynamic_shapes=None) -> str:
+    """``model`` as StableHLO MLIR text, no Torch-dialect op left: what torch-mlir lowers
+    as StableHLO ops, every other op (and every op in ``fallback_ops``) a
+    ``stablehlo.custom_call`` whose target names the ATen op and whose
+    ``backend_config`` holds its static operands as JSON (README, "StableHLO path").
+    Needs ``pip install 'aot[stablehlo]'``. ``fallback="all"`` makes every op a custom
+    call (the "dummy mode"). Same arguments as ``compile``; raises as it does."""
+    from .importer import ImportOptions, import_model
+    from .lower.compile import stablehlo_module
+    from .lower.placement import PlacementPolicy
+    from .lower.targets import get_target
+
+    policy = PlacementPolicy.make(fallback, fallback_ops, "coverage", None)
+    imported = import_model(model, args, example_kwargs, ImportOptions(
+        strict=strict, dynamic_shapes=dynamic_shapes, pt2e_integer_ops=policy.fallback != "all"))
+    return stablehlo_module(imported, get_target(target, via="stablehlo"), policy)
 
 
 def report(module_or_path) -> str:

@@ -128,7 +128,7 @@ def cmd_compile(args) -> int:
         from .lower.regions import read_plan
         plan = read_plan(args.plan)
     policy = PlacementPolicy.make(args.fallback, args.fallback_op, args.placement, plan)
-    target = get_target(args.target, tuple(args.flag))
+    target = get_target(args.target, tuple(args.flag), via=args.via)
     model, example = _model_and_inputs(args)
     t0 = time.perf_counter()
     _step(f"exporting {type(model).__name__} ...")
@@ -140,6 +140,18 @@ def cmd_compile(args) -> int:
         return 0
     if args.emit == "partitioned":  # what compile_model hands IREE (per-op placement)
         print(partition(prepare(imported, policy)[0], target, policy).mlir)
+        return 0
+    if args.emit == "stablehlo":
+        from .lower.compile import stablehlo_module
+        _step("lowering to StableHLO through torch-mlir (ops it cannot lower become "
+              "custom calls) ...")
+        text = stablehlo_module(imported, target, policy)
+        if args.output:
+            with open(args.output, "w") as f:
+                f.write(text)
+            _step(f"wrote {args.output} in {time.perf_counter() - t0:.1f}s")
+        else:
+            print(text)
         return 0
     _step(f"partitioning for {target.name} (fallback={policy.fallback!r}) and compiling "
           f"with IREE ({target.backend}) ...")
@@ -301,8 +313,12 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--plan", help="reuse the placement decisions saved by --save-plan "
                                   "(instead of measuring)")
     c.add_argument("--save-plan", help="write this compile's placement decisions (JSON)")
-    c.add_argument("--emit", choices=["torch", "partitioned"],
-                   help="print the MLIR at this stage instead of compiling")
+    c.add_argument("--via", default="torch", choices=["torch", "stablehlo"],
+                   help="what IREE compiles: the Torch dialect (default) or StableHLO "
+                        "lowered by torch-mlir (pip install 'aot[stablehlo]')")
+    c.add_argument("--emit", choices=["torch", "partitioned", "stablehlo"],
+                   help="print the MLIR at this stage instead of compiling (to -o when "
+                        "given, for stablehlo)")
     c.set_defaults(fn=cmd_compile)
     r = sub.add_parser("run", help="load an artifact and run it on random (or given) inputs")
     r.add_argument("artifact")

@@ -40,7 +40,7 @@ from .specialize import specialize, worth_specializing
 from .tiling import DYNAMIC_UNSAFE, safe_for_dynamic, tiled_target, worth_tiling
 from .targets import Target
 
-__all__ = ["compile_program", "compile_model", "prepare"]
+__all__ = ["compile_program", "compile_model", "prepare", "stablehlo_module"]
 log = logging.getLogger(__name__)
 _MAX_RECOVERY_ROUNDS = 4
 # at most this many kernel calls chosen by per-op measurement: also try all compiled
@@ -119,6 +119,9 @@ def compile_model(imported: ImportedProgram, target: Target,
     """
     t0 = time.perf_counter()
     target = _for_program(imported, target)
+    if target.via == "stablehlo" and policy.fallback == "all":
+        # the dummy mode: every op its own custom call, through StableHLO and IREE
+        policy = dataclasses.replace(policy, group=False)
     reason = host_program.host_reason(imported)
     if reason is not None:
         if policy.fallback == "none":
@@ -144,6 +147,37 @@ def compile_model(imported: ImportedProgram, target: Target,
         why = f"IREE could not compile it, however split ({first})"
         log.warning("%s: running %s as one ATen region", why, imported.name)
         return _host_artifact(imported, target, policy, why[:400], t0)
+
+
+def stablehlo_module(imported: ImportedProgram, target: Target,
+                     policy: PlacementPolicy = PlacementPolicy()) -> str:
+    """The program as StableHLO, every kernel call a ``stablehlo.custom_call`` of one ATen
+    op with all its tensor operands (``aot.lower.stablehlo``), partitioned as ``compile_model``
+    partitions for ``via="stablehlo"``: ops torch-mlir cannot lower, blamed by its
+    errors, run in ATen (under ``fallback="auto"``).
+
+    Raises:
+        CompileFailed: torch-mlir fails and no op is to blame (or ``fallback`` is not
+            ``"auto"``); the message has torch-mlir's first error.
+    """
+    from .stablehlo import to_stablehlo
+    target = dataclasses.replace(_for_program(imported, target), via="stablehlo")
+    policy = dataclasses.replace(policy, group=False)  # one custom call per ATen op
+    imported, _ = prepare(imported, policy)
+    demoted: dict[str, str] = {}
+    for _ in range(_MAX_RECOVERY_ROUNDS + 1):
+        p = partition(imported, target, policy, demoted=demoted)
+        text, diag = to_stablehlo(p.mlir, {k.key: k for k in p.kernel_calls}, p.host_constants)
+        if text is not None:
+            return text
+        fresh = {k: v for k, v in blame(diag, p.mlir, p.placements).items() if k not in demoted}
+        if policy.fallback != "auto" or not fresh:
+            raise CompileFailed(f"torch-mlir could not lower {imported.name} to StableHLO: "
+                                f"{first_error(diag)}")
+        demoted.update(fresh)
+    raise CompileFailed(f"torch-mlir could not lower {imported.name} to StableHLO after "
+                        f"{_MAX_RECOVERY_ROUNDS} rounds of moving the ops it names to ATen: "
+                        f"{first_error(diag)}")
 
 
 def prepare(imported: ImportedProgram, policy: PlacementPolicy) -> tuple[ImportedProgram, int]:

@@ -72,7 +72,7 @@ def decide(ep: ExportedProgram, target: Target, policy: PlacementPolicy,
         cache = cache or CoverageCache(target)
         ep, verdicts = _decompose_uncovered(ep, target, policy, cache, kept)
     costs = _costs(ep, target, policy, verdicts)
-    placements, decided = _place(ep, policy, verdicts, demoted or {}, costs, kept)
+    placements, decided = _place(ep, policy, verdicts, demoted or {}, costs, kept, target.via)
     if policy.fallback == "none":
         bad = [p for p in placements if p.where == KERNEL_CALL]
         if bad:
@@ -112,7 +112,7 @@ def _decompose_uncovered(ep, target, policy, cache, kept: dict):
         table = {}
         user_inputs = _user_inputs(ep)
         for n in nodes:
-            if iree_fault(n, user_inputs) is not None:
+            if iree_fault(n, user_inputs, target.via) is not None:
                 continue  # runs in ATen: its decomposition, compiled, is what IREE gets wrong
             if not verdicts[op_signature(n)].covered and n.target not in tried:
                 fn = decomposition_for(n.target)
@@ -213,7 +213,7 @@ def _user_inputs(ep) -> set:
 
 
 def _place(ep, policy: PlacementPolicy, verdicts: dict[str, Verdict], demoted: dict[str, str],
-           costs: dict | None = None, kept: dict | None = None):
+           costs: dict | None = None, kept: dict | None = None, via: str = "torch"):
     placements, decided = [], {}
     user_inputs = _user_inputs(ep)
     for n in op_nodes(ep):
@@ -227,7 +227,7 @@ def _place(ep, policy: PlacementPolicy, verdicts: dict[str, Verdict], demoted: d
         elif n.name in demoted:
             where, why = KERNEL_CALL, ("lowers alone, but IREE failed on it fused with its "
                                        f"neighbours: {demoted[n.name]}")
-        elif (fault := iree_fault(n, user_inputs)) is not None:
+        elif (fault := iree_fault(n, user_inputs, via)) is not None:
             where, why = KERNEL_CALL, fault
         else:
             v = verdicts[op_signature(n)]

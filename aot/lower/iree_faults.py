@@ -100,11 +100,16 @@ def _bool_to_complex(n: torch.fx.Node) -> bool:
             and _tensor_dtype(n.args[0]) == torch.bool)
 
 
-def iree_fault(n: torch.fx.Node, user_inputs: set) -> str | None:
-    """Why ``n`` must run in ATen although IREE lowers it, or None."""
+def iree_fault(n: torch.fx.Node, user_inputs: set, via: str = "torch") -> str | None:
+    """Why ``n`` must run in ATen although IREE lowers it, or None. ``via="stablehlo"``:
+    also the ops torch-mlir lowers to StableHLO wrongly (``stablehlo.WRONG_LOWERINGS``)."""
     if not isinstance(n.target, torch._ops.OpOverload):
         return None
     name = n.target._schema.name
+    if via == "stablehlo":
+        from .stablehlo import WRONG_LOWERINGS as STABLEHLO_WRONG
+        if name in STABLEHLO_WRONG:
+            return STABLEHLO_WRONG[name]
     if updates_input(n, user_inputs):
         return _IN_PLACE_REASON
     if name in F64_INEXACT and any(_tensor_dtype(a) == torch.float64

@@ -12,10 +12,11 @@ Custom-call contract (README, "StableHLO path"):
 
 - ``call_target_name``: the ATen op, ``aten::layer_norm``; ``aot::group`` for a
   group of neighbouring ops run in one crossing.
-- operands: the tensors compiled code passes, in schema order (weights only the
-  kernel call reads are held by the host and not passed), then each run-time scalar
-  as a 0-d tensor: ``tensor<i64>`` for ints and bools, ``tensor<f32>`` for floats.
-- results: typed tensors in order; a scalar result is a 0-d tensor as above.
+- operands: the op's tensors in schema order, then each run-time scalar as a 0-d
+  tensor: ``tensor<i64>`` for ints and bools, ``tensor<f32>`` for floats
+  (``scalar_operands`` in ``backend_config`` lists their positions).
+- results: typed tensors in order; a scalar result is a 0-d tensor as above
+  (``scalar_results``).
 - ``backend_config``: a JSON string, the kernel call's record as the manifest holds
   it (``KernelCallSpec.to_json``): ``op``, ``overload``, ``operands`` (every schema
   argument in order: ``tensor`` with its operand index, ``scalar`` with its index
@@ -41,14 +42,23 @@ from .._mlir import ir, new_context
 from ..errors import CompileFailed
 from ..fallback.spec import HOST_MODULE, KernelCallSpec
 
-__all__ = ["CUSTOM_CALL", "PIPELINE", "available", "to_stablehlo", "host_calls",
-           "custom_calls"]
+__all__ = ["CUSTOM_CALL", "PIPELINE", "WRONG_LOWERINGS", "available", "to_stablehlo",
+           "host_calls", "custom_calls"]
 
 CUSTOM_CALL = "stablehlo.custom_call"
 PIPELINE = ("builtin.module(func.func(torch-match-quantized-custom-ops),"
             "torchdynamo-export-to-torch-backend-pipeline{ extra-library=},"
             "torch-backend-to-stablehlo-backend-pipeline)")
 _SCALAR_TENSOR = {"i64": "tensor<i64>", "f32": "tensor<f32>"}
+
+# Ops torch-mlir lowers to StableHLO with another meaning than eager's: on this path
+# they run in ATen whatever the probe says (``iree_faults.iree_fault``). Each rule is a
+# wrong answer measured with torch-mlir 20261001 (tests/lower/test_stablehlo.py).
+WRONG_LOWERINGS = {
+    # remainder(-7, 3): eager 2 (the divisor's sign), StableHLO's remainder -1 (fmod)
+    "aten::remainder": "torch-mlir lowers it to stablehlo.remainder, which takes the "
+                       "dividend's sign (fmod), not the divisor's",
+}
 _TIMEOUT_S = 600
 
 
@@ -73,16 +83,20 @@ def available() -> bool:
         return False
 
 
-def to_stablehlo(torch_asm: str, specs: dict[str, KernelCallSpec] | None = None
-                 ) -> tuple[str | None, str]:
+def to_stablehlo(torch_asm: str, specs: dict[str, KernelCallSpec] | None = None,
+                 constants: dict | None = None) -> tuple[str | None, str]:
     """``(StableHLO text, "")``, or ``(None, torch-mlir's diagnostics)``.
 
     ``specs`` (key -> KernelCallSpec) fills each custom call's ``backend_config``;
     without it only the host function's key is recorded (enough for ``host_calls``).
+    ``constants`` (name -> tensor, the weights only kernel calls read): passed to
+    their custom calls as ``stablehlo.constant`` operands, so every tensor operand is
+    there in schema order (what ``--emit stablehlo`` writes; compiled artifacts keep
+    such weights beside the module instead).
     """
     with new_context() as ctx, ir.Location.unknown():
         module = ir.Module.parse(torch_asm, ctx)
-        _calls_to_custom_calls(module, specs or {})
+        _calls_to_custom_calls(module, specs or {}, constants)
         text = module.operation.get_asm(enable_debug_info=True)
     try:
         done = subprocess.run([_tool(), f"--pass-pipeline={PIPELINE}", "-"], input=text,
@@ -95,7 +109,8 @@ def to_stablehlo(torch_asm: str, specs: dict[str, KernelCallSpec] | None = None
     return done.stdout, ""
 
 
-def _calls_to_custom_calls(module: "ir.Module", specs: dict[str, KernelCallSpec]) -> None:
+def _calls_to_custom_calls(module: "ir.Module", specs: dict[str, KernelCallSpec],
+                           constants: dict | None) -> None:
     for call in _ops(module, "func.call"):
         callee = ir.FlatSymbolRefAttr(call.attributes["callee"]).value
         if not callee.startswith(HOST_MODULE + "."):
@@ -103,8 +118,19 @@ def _calls_to_custom_calls(module: "ir.Module", specs: dict[str, KernelCallSpec]
         key = callee[len(HOST_MODULE) + 1:]
         spec = specs.get(key)
         config = spec.to_json() if spec is not None else {"key": key}
+        # which operands and results are run-time scalars (a 0-d tensor operand is not)
+        config["scalar_operands"] = [i for i, v in enumerate(call.operands)
+                                     if str(v.type) in _SCALAR_TENSOR]
+        config["scalar_results"] = [i for i, r in enumerate(call.results)
+                                    if str(r.type) in _SCALAR_TENSOR]
         with ir.InsertionPoint(call), call.location:
             operands = [_to_tensor(v) for v in call.operands]
+            if constants is not None and spec is not None and any(spec.constants):
+                passed = iter(operands[:len(spec.crossing)])
+                operands = [next(passed) if spec.constant_name(i) is None
+                            else _constant(constants[spec.constant_name(i)])
+                            for i in range(len(spec.inputs))] + operands[len(spec.crossing):]
+                config["constants_passed"] = True
             result_types = [ir.Type.parse(_SCALAR_TENSOR.get(str(r.type), str(r.type)))
                             for r in call.results]
             cc = ir.Operation.create(CUSTOM_CALL, results=result_types, operands=operands,
@@ -129,11 +155,17 @@ def host_calls(stablehlo_asm: str) -> str:
             key = _key(cc)
             if key is None:
                 continue
+            config = json.loads(ir.StringAttr(cc.attributes["backend_config"]).value)
+            if config.get("constants_passed"):
+                raise CompileFailed(f"custom call {key} passes its weights as operands (an "
+                                    f"emitted module): compile the model, not the emitted text")
+            scalar_in = set(config.get("scalar_operands", ()))
+            scalar_out = set(config.get("scalar_results", ()))
             with ir.InsertionPoint(cc), cc.location:
                 args = [_from_tensor(v, ir.Type.parse(_SCALAR_OF[str(v.type)]))
-                        if str(v.type) in _SCALAR_OF else v for v in cc.operands]
-                outs = [ir.Type.parse(_SCALAR_OF.get(str(r.type), str(r.type)))
-                        for r in cc.results]
+                        if i in scalar_in else v for i, v in enumerate(cc.operands)]
+                outs = [ir.Type.parse(_SCALAR_OF[str(r.type)]) if i in scalar_out else r.type
+                        for i, r in enumerate(cc.results)]
                 name = f"{HOST_MODULE}.{key}"
                 call = ir.Operation.create("func.call", results=outs, operands=args,
                                            attributes={"callee": ir.FlatSymbolRefAttr.get(name)})
@@ -187,6 +219,22 @@ def _to_tensor(v):
         return v
     return ir.Operation.create("tensor.from_elements", operands=[v],
                                results=[ir.Type.parse(_SCALAR_TENSOR[t])]).result
+
+
+def _constant(t):
+    """A weight as a ``stablehlo.constant`` (its dense storage, row-major)."""
+    import numpy as np
+    import torch
+    t = t.detach().contiguous()
+    if t.is_quantized:
+        t = t.int_repr()
+    if t.dtype == torch.bfloat16:  # numpy has no bfloat16: its bits, typed bf16
+        attr = ir.DenseElementsAttr.get(np.ascontiguousarray(t.view(torch.int16).numpy()),
+                                        type=ir.BF16Type.get())
+    else:
+        attr = ir.DenseElementsAttr.get(np.ascontiguousarray(t.numpy()), signless=True)
+    return ir.Operation.create("stablehlo.constant", results=[attr.type],
+                               attributes={"value": attr}).result
 
 
 def _from_tensor(v, want: "ir.Type"):
