@@ -20,6 +20,9 @@ fresh copies, outputs *and* inputs (an op may update its inputs in place):
 - ops whose values are undefined or random (``empty``, ``rand``, ``bernoulli``...):
   structure, shapes and dtypes only.
 
+``--via stablehlo`` runs the same through the StableHLO path (``aot.compile(...,
+via="stablehlo")``); its ``all`` mode is the dummy mode, every op a custom call.
+
 A sample ``torch.export`` cannot capture (in either mode) is counted as not
 captured; every other sample passes or fails with a class. Each worker is a
 subprocess with a per-sample time limit, so a crash or a hang is a result too.
@@ -42,6 +45,7 @@ import time
 
 DTYPES = ("float32", "float64", "int64", "bool")
 MODES = ("auto", "all")
+VIA = "torch"  # --via: the path IREE compiles (aot.compile's via)
 # ops whose values are undefined (empty) or drawn at random: compare structure only
 UNDEFINED_VALUES = re.compile(
     r"(^|\.)(empty|new_empty|empty_like|empty_strided|empty_permuted|new_empty_strided|"
@@ -203,7 +207,7 @@ def run_case(op, dtype: str, k: int, mode: str) -> dict:
     except Exception as e:
         return {**row, "status": "eager failed", "reason": f"{type(e).__name__}: {e}"[:300]}
     try:
-        cm = aot.compile(model, _clone(tensors), fallback=mode)
+        cm = aot.compile(model, _clone(tensors), fallback=mode, via=VIA)
     except aot.ExportFailed as e:
         return {**row, "status": "not captured", "reason": str(e).splitlines()[0][:300],
                 "seconds": round(time.perf_counter() - t0, 2)}
@@ -292,7 +296,7 @@ def _drive(ids: list[str], jobs: int, out: str, modes, timeout: int) -> list[dic
             if j not in procs and todo[j]:
                 procs[j] = subprocess.Popen(
                     [sys.executable, __file__, "--worker", paths[j], "--timeout", str(timeout),
-                     "--modes", ",".join(modes), *todo[j]])
+                     "--modes", ",".join(modes), "--via", VIA, *todo[j]])
             elif not todo[j]:
                 del todo[j]
         time.sleep(2)
@@ -339,8 +343,8 @@ def _read(path: str) -> list[dict]:
 
 def table(rows: list[dict], modes=MODES) -> str:
     """The coverage table (markdown) of result rows."""
-    lines = ["| mode | samples | captured | passed | passed / captured | failed |",
-             "|---|---|---|---|---|---|"]
+    lines = ["| mode | samples | captured | passed | passed / captured | failed | ops compiled "
+             "(passed samples) |", "|---|---|---|---|---|---|---|"]
     classes: dict[str, collections.Counter] = {}
     for mode in modes:
         rs = [r for r in rows if r["mode"] == mode and r["status"] not in ("no sample",
@@ -350,8 +354,10 @@ def table(rows: list[dict], modes=MODES) -> str:
         failed = [r for r in captured if r["status"] == "failed"]
         classes[mode] = collections.Counter(r["class"] for r in failed)
         pct = 100.0 * len(passed) / max(1, len(captured))
+        ops = sum(r.get("compiled", 0) + r.get("kernel_calls", 0) for r in passed)
+        comp = sum(r.get("compiled", 0) for r in passed)
         lines.append(f"| {mode} | {len(rs)} | {len(captured)} | {len(passed)} | {pct:.1f}% | "
-                     f"{len(failed)} |")
+                     f"{len(failed)} | {comp} of {ops} |")
     lines += ["", "| failure class | " + " | ".join(modes) + " |",
               "|---|" + "---|" * len(modes)]
     for c in sorted(set().union(*classes.values())):
@@ -373,9 +379,14 @@ def main(argv=None) -> int:
     ap.add_argument("--jobs", type=int, default=max(1, (os.cpu_count() or 2) - 1))
     ap.add_argument("--timeout", type=int, default=120, help="seconds per sample and mode")
     ap.add_argument("--out", default="opinfo-out")
+    ap.add_argument("--via", default="torch", choices=["torch", "stablehlo"],
+                    help="the path IREE compiles (stablehlo: torch-mlir first; with "
+                         "--modes all, the dummy mode: every op a custom call)")
     ap.add_argument("--worker", help=argparse.SUPPRESS)
     ap.add_argument("ids", nargs="*", help=argparse.SUPPRESS)
     a = ap.parse_args(argv)
+    global VIA
+    VIA = a.via
     modes = tuple(a.modes.split(","))
     if a.worker:
         _worker(a.ids, a.worker, modes, a.timeout)

@@ -12,6 +12,9 @@ Systems (each skipped with its reason where it cannot run the model):
 - ``aot``: this project, ``aot.compile(model, args)`` with no options;
 - ``aot-coverage``: ``aot.compile(model, args, placement="coverage")``: everything
   IREE can lower runs compiled (how fast IREE's own code is);
+- ``aot-stablehlo``: ``placement="coverage"`` through the StableHLO path
+  (``via="stablehlo"``: torch-mlir lowers to StableHLO, IREE compiles that), to set
+  beside ``aot-coverage`` (the same through the Torch dialect);
 - ``aot-dynamic``: the defaults with the batch dimension dynamic (``dynamic_batch``),
   timed at the example's batch; the summary compares it with ``aot`` (one artifact per
   shape) in the same run. The sweep over batch sizes is ``benchmarks/dynamic_sweep.py``.
@@ -58,7 +61,7 @@ import torch
 __all__ = ["BENCH_MODELS", "SYSTEMS", "Row", "run_suite", "machine_info", "write_outputs"]
 
 SYSTEMS = ("eager", "inductor", "inductor-freezing", "aotinductor", "onnxruntime", "openvino",
-           "iree-default", "aot", "aot-coverage", "aot-dynamic")
+           "iree-default", "aot", "aot-coverage", "aot-stablehlo", "aot-dynamic")
 # ``aot-dynamic``: the defaults with every input's batch dimension dynamic (DYNAMIC_BATCH),
 # timed at the example's batch: the price of one artifact for every batch size
 DYNAMIC_BATCH = (1, 32)
@@ -215,6 +218,8 @@ def _build(system: str, model, example, target: str):
         cm = aot.compile(model, example, target=target, fallback="none", profile="iree-default")
     elif system == "aot-coverage":
         cm = aot.compile(model, example, target=target, placement="coverage")
+    elif system == "aot-stablehlo":
+        cm = aot.compile(model, example, target=target, placement="coverage", via="stablehlo")
     elif system == "aot-dynamic":
         args, dyn = dynamic_batch(example)
         cm = aot.compile(model, args, target=target, dynamic_shapes=dyn)
@@ -394,7 +399,7 @@ def _right(r: Row) -> bool:
 def summary(rows: list[Row]) -> str:
     """Per model: the fastest correct peer, and ``aot`` (and ``aot-coverage``) against it
     and against eager; geomeans over the models every one of them ran."""
-    ours = ("aot", "aot-coverage", "aot-dynamic")
+    ours = ("aot", "aot-coverage", "aot-stablehlo", "aot-dynamic")
     lines = ["| model | fastest peer | peer ms | aot ms | aot vs peer | aot-coverage vs eager |",
              "|---|---|---|---|---|---|"]
     vs_peer, cov = [], []
@@ -442,7 +447,7 @@ def markdown(rows: list[Row], info: dict, runs: int) -> str:
             f"{_fmt(r.speed_vs_eager, '.2f')}x | {_fmt(r.compile_s, '.1f')} | "
             f"{_fmt(r.peak_rss_mb, '.0f')} | {_fmt(r.kernel_calls_per_run, '.0f')} | {err} |")
     body = head + "\n".join(lines) + "\n"
-    peers = {r.system for r in rows} - {"eager", "aot", "aot-coverage", "aot-dynamic"}
+    peers = {r.system for r in rows} - {"eager", "aot", "aot-coverage", "aot-stablehlo", "aot-dynamic"}
     if any(r.system in ("aot", "aot-coverage") for r in rows) and peers:
         body += "\n" + summary(rows)
     if any(r.system == "aot-dynamic" for r in rows):
