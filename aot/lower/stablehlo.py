@@ -42,7 +42,7 @@ from .._mlir import ir, new_context
 from ..errors import CompileFailed
 from ..fallback.spec import HOST_MODULE, KernelCallSpec
 
-__all__ = ["CUSTOM_CALL", "PIPELINE", "WRONG_LOWERINGS", "available", "to_stablehlo",
+__all__ = ["CUSTOM_CALL", "PIPELINE", "WRONG_LOWERINGS", "available", "check", "to_stablehlo",
            "host_calls", "custom_calls"]
 
 CUSTOM_CALL = "stablehlo.custom_call"
@@ -68,14 +68,21 @@ def _tool() -> str:
         import torch_mlir._mlir_libs as libs
     except ImportError:
         raise CompileFailed("via='stablehlo' needs the torch-mlir package: "
-                            "pip install 'aot[stablehlo]'") from None
+                            "pip install 'aot[stablehlo]'", stage="options") from None
     path = os.path.join(os.path.dirname(libs.__file__), "torch-mlir-opt")
     if not os.access(path, os.X_OK):
-        raise CompileFailed(f"the torch-mlir package has no runnable torch-mlir-opt ({path})")
+        raise CompileFailed(f"the torch-mlir package has no runnable torch-mlir-opt ({path})",
+                            stage="options")
     return path
 
 
+def check() -> None:
+    """Raise CompileFailed (stage ``options``) when torch-mlir is missing."""
+    _tool()
+
+
 def available() -> bool:
+    """torch-mlir is installed (``check`` raises the error that says how to get it)."""
     try:
         _tool()
         return True

@@ -50,7 +50,10 @@ def get_target(name: str, extra_flags: tuple[str, ...] = (), profile: str = "def
     """Look up a target by name; the profile's flags, then ``extra_flags``, are appended;
     ``via`` is the input IREE compiles (``VIAS``)."""
     if via not in VIAS:
-        raise CompileFailed(f"unknown via {via!r}; choose one of {list(VIAS)}")
+        raise CompileFailed(f"unknown via {via!r}; choose one of {list(VIAS)}", stage="options")
+    if via == "stablehlo":
+        from .stablehlo import check
+        check()  # torch-mlir installed, or a clear error before anything runs
     try:
         t = TARGETS[name]
     except KeyError:

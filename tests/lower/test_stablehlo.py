@@ -219,3 +219,11 @@ def test_save_and_load_keep_the_path(tmp_path):
 def test_an_unknown_via_is_a_clear_error():
     with pytest.raises(aot.CompileFailed, match="unknown via 'mhlo'"):
         aot.compile(torch.nn.ReLU(), (torch.randn(2),), via="mhlo")
+
+
+def test_without_torch_mlir_the_path_is_a_clear_error(monkeypatch):
+    for name in [m for m in sys.modules if m.startswith("torch_mlir")] + ["torch_mlir"]:
+        monkeypatch.setitem(sys.modules, name, None)  # import torch_mlir... fails
+    with pytest.raises(aot.CompileFailed, match=r"pip install 'aot\[stablehlo\]'") as e:
+        aot.compile(torch.nn.ReLU(), (torch.randn(2),), via="stablehlo")
+    assert e.value.stage == "options"
