@@ -123,9 +123,11 @@ def _name_return_types() -> None:
     where this torch registered them without (torch before 2.15): a program returning
     ``torch.sort(x)`` must save and load like any other."""
     named = getattr(pytree, "SUPPORTED_SERIALIZED_TYPES", {})
-    for cls in torch.return_types.all_return_types:
-        entry = named.get(cls)
-        if entry is None or entry.serialized_type_name != pytree.NO_SERIALIZED_TYPE_NAME_FOUND:
+    # all_return_types leaves out the private ones (``_lu_with_info``): every class of
+    # the module that pytree knows
+    for cls, entry in list(named.items()):
+        if getattr(cls, "__module__", None) != "torch.return_types" or \
+                entry.serialized_type_name != pytree.NO_SERIALIZED_TYPE_NAME_FOUND:
             continue
         name = f"torch.return_types.{cls.__name__}"
         named[cls] = entry._replace(serialized_type_name=name)

@@ -290,3 +290,19 @@ def test_every_leaf_of_the_manifest_replaced_is_an_artifact_error_or_harmless(
             except Exception as e:  # noqa: BLE001 - what this test looks for
                 failures.append((p, value, f"{type(e).__name__}: {e}"[:160]))
     assert failures == [], "\n".join(map(str, failures))
+
+
+def test_private_return_types_save_and_load(tmp_path):
+    """``torch.lu`` returns ``torch.return_types._lu_with_info``, which torch before 2.15
+    registers with pytree without a serialization name (``all_return_types`` omits it)."""
+    class LU(torch.nn.Module):
+        def forward(self, a):
+            return torch.lu(a)
+
+    a = torch.randn(3, 4, 4)
+    cm = aot.compile(LU(), (a,))
+    cm.save(tmp_path / "lu.aot")
+    out = aot.load(str(tmp_path / "lu.aot"))(a)
+    assert type(out).__name__ == "_lu_with_info"
+    for got, want in zip(out, LU()(a)):
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
