@@ -213,8 +213,10 @@ def _kernel_call(k: Any, f: str) -> None:
             _need(o["index"] < len(k["inputs"]), f"{g}.index",
                   f"expected an index below {len(k['inputs'])}")
         if kind == "tensor_list":
-            _need(isinstance(o.get("indices"), list) and all(_is_int(i) for i in o["indices"]),
-                  f"{g}.indices", "expected a list of indices")
+            # Tensor?[] (aten.index): None entries stand for absent tensors
+            _need(isinstance(o.get("indices"), list)
+                  and all(i is None or _is_int(i) for i in o["indices"]),
+                  f"{g}.indices", "expected a list of indices (or nulls)")
         if kind == "scalar":
             _need(_one_of(o.get("scalar_kind"), _SCALAR_KINDS), f"{g}.scalar_kind",
                   f"expected one of {_SCALAR_KINDS}")

@@ -236,3 +236,19 @@ def test_simple_kernel_call_never_hands_back_its_operand_memory():
     fn.call = lambda *a, **k: (_ for _ in ()).throw(RuntimeError("boom"))
     with pytest.raises(aot.KernelCallFailed, match=r"aten.view.default.*boom"):
         cm(x)
+
+
+def test_index_with_absent_tensors_as_a_kernel_call(tmp_path):
+    """``x[:, idx]`` is ``aten.index(x, [None, idx])``: a ``Tensor?[]`` with a None entry
+    the manifest records (and its check accepts) as null."""
+    class Pick(torch.nn.Module):
+        def forward(self, x, idx):
+            return x[:, idx] * 2
+
+    x, idx = torch.randn(3, 5), torch.tensor([4, 0, 2])
+    cm = aot.compile(Pick(), (x, idx), fallback_ops=["aten.index"])
+    (call,) = [k for k in cm.manifest["kernel_calls"] if k["op"] == "aten::index"]
+    assert [o for o in call["operands"] if o["kind"] == "tensor_list"][0]["indices"][0] is None
+    cm.save(tmp_path / "pick.aot")
+    torch.testing.assert_close(aot.load(str(tmp_path / "pick.aot"))(x, idx), x[:, idx] * 2,
+                               rtol=0, atol=0)
