@@ -9,7 +9,7 @@ the model calibrated on generated data), the x86 config, and qnnpack's on three:
   against ATen's quantized kernel on the model's own activations: bit-exact;
 - compiled int8 end to end (``placement="coverage"``, every quantized op integer
   arithmetic compiled by IREE) on ResNet18, MobileNetV3-Large and GoogLeNet (x86)
-  and ShuffleNetV2 (qnnpack), 100 random inputs: bit-exact.
+  and ResNet18 (qnnpack: its fixed-point adds), 100 random inputs: bit-exact.
 
 End to end, random-weight networks amplify a one-step difference (in eager int8
 itself, moving one activation of MobileNetV2's first convolution by one step moves
@@ -110,7 +110,7 @@ def test_both_modes(name, backend):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("name,backend", [("resnet18", "x86"), ("mobilenet_v3_large", "x86"),
-                                          ("googlenet", "x86"), ("shufflenet_v2_x0_5", "qnnpack")])
+                                          ("googlenet", "x86"), ("resnet18", "qnnpack")])
 def test_compiled_int8_is_bit_exact_end_to_end(name, backend):
     """Compiled int8 (no kernel call left) against eager int8, 100 random inputs, one at
     a time: the same logits, bit for bit (so within one step on 100% and the same
