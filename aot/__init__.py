@@ -20,7 +20,7 @@ from .runtime.module import CompiledModule, load
 from .torch_tensor import QuantParams, TorchTensor
 
 __all__ = [
-    "compile", "export_stablehlo", "load", "report", "CompiledModule", "TorchTensor", "QuantParams",
+    "compile", "export_stablehlo", "export_vmfb", "load", "report", "CompiledModule", "TorchTensor", "QuantParams",
     "AotError", "ArtifactError", "CompileFailed", "ExportFailed", "InputMismatch",
     "InternalError", "KernelCallFailed", "UnsupportedOp",
 ]
@@ -106,6 +106,39 @@ def export_stablehlo(model, args=(), *, example_kwargs=None, target: str = "cpu"
     imported = import_model(model, args, example_kwargs, ImportOptions(
         strict=strict, dynamic_shapes=dynamic_shapes, pt2e_integer_ops=policy.fallback != "all"))
     return stablehlo_module(imported, get_target(target, via="stablehlo"), policy)
+
+
+def export_vmfb(model, args=(), path=None, *, example_kwargs=None, target: str = "cpu",
+                extra_flags=(), strict: bool = False, dynamic_shapes=None,
+                via: str = "torch") -> bytes:
+    """``model`` as a plain IREE module (``.vmfb``) that IREE's own tools and runtime run
+    without this package or torch: every op compiled (``placement="coverage"``), entry
+    function ``main`` (README, "Deploying with the IREE runtime alone"). Written to
+    ``path`` when given; the bytes are returned.
+
+    Raises:
+        UnsupportedOp: some ops would still run in ATen (kernel calls need this
+            package's host functions): the message lists them, with their source lines
+            and reasons, and how to see or avoid them. Also for a program that updates
+            its inputs in place (the plain module cannot write the caller's tensors).
+        ExportFailed, CompileFailed: as ``compile``.
+    """
+    from .importer import ImportOptions, import_model
+    from .lower.compile import compile_model
+    from .lower.placement import PlacementPolicy
+    from .lower.plain_module import check_plain
+    from .lower.targets import get_target
+
+    policy = PlacementPolicy.make("auto", (), "coverage", None)
+    imported = import_model(model, args, example_kwargs, ImportOptions(
+        strict=strict, dynamic_shapes=dynamic_shapes))
+    art = compile_model(imported, get_target(target, tuple(extra_flags), "default", via),
+                        policy)
+    check_plain(art.manifest)
+    if path is not None:
+        with open(path, "wb") as f:
+            f.write(art.vmfb)
+    return art.vmfb
 
 
 def report(module_or_path) -> str:

@@ -127,6 +127,9 @@ def cmd_compile(args) -> int:
     if args.plan:
         from .lower.regions import read_plan
         plan = read_plan(args.plan)
+    if args.emit == "vmfb" and not args.output:
+        from .errors import CompileFailed
+        raise CompileFailed("--emit vmfb needs -o FILE.vmfb", stage="options")
     policy = PlacementPolicy.make(args.fallback, args.fallback_op, args.placement, plan)
     target = get_target(args.target, tuple(args.flag), via=args.via)
     model, example = _model_and_inputs(args)
@@ -140,6 +143,19 @@ def cmd_compile(args) -> int:
         return 0
     if args.emit == "partitioned":  # what compile_model hands IREE (per-op placement)
         print(partition(prepare(imported, policy)[0], target, policy).mlir)
+        return 0
+    if args.emit == "vmfb":
+        from .lower.plain_module import check_plain
+        _step(f"compiling every op for {target.name} (placement='coverage') ...")
+        coverage = PlacementPolicy.make("auto", (), "coverage", None)
+        art = compile_model(imported, target, coverage)
+        check_plain(art.manifest)
+        with open(args.output, "wb") as f:
+            f.write(art.vmfb)
+        _step(f"wrote {args.output} ({len(art.vmfb) / 1e6:.1f} MB) in "
+              f"{time.perf_counter() - t0:.1f}s; run it with: iree-run-module "
+              f"--module={args.output} --device={target.driver} --function=main "
+              + " ".join(f"--input=@in{i}.npy" for i in range(len(art.manifest['inputs']))))
         return 0
     if args.emit == "stablehlo":
         from .lower.compile import stablehlo_module
@@ -316,9 +332,10 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--via", default="torch", choices=["torch", "stablehlo"],
                    help="what IREE compiles: the Torch dialect (default) or StableHLO "
                         "lowered by torch-mlir (pip install 'aot[stablehlo]')")
-    c.add_argument("--emit", choices=["torch", "partitioned", "stablehlo"],
+    c.add_argument("--emit", choices=["torch", "partitioned", "stablehlo", "vmfb"],
                    help="print the MLIR at this stage instead of compiling (to -o when "
-                        "given, for stablehlo)")
+                        "given, for stablehlo); vmfb: write a plain IREE module to -o "
+                        "that iree-run-module runs (every op compiled, or refused)")
     c.set_defaults(fn=cmd_compile)
     r = sub.add_parser("run", help="load an artifact and run it on random (or given) inputs")
     r.add_argument("artifact")
