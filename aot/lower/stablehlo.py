@@ -125,11 +125,7 @@ def _calls_to_custom_calls(module: "ir.Module", specs: dict[str, KernelCallSpec]
         key = callee[len(HOST_MODULE) + 1:]
         spec = specs.get(key)
         config = spec.to_json() if spec is not None else {"key": key}
-        # which operands and results are run-time scalars (a 0-d tensor operand is not)
-        config["scalar_operands"] = [i for i, v in enumerate(call.operands)
-                                     if str(v.type) in _SCALAR_TENSOR]
-        config["scalar_results"] = [i for i, r in enumerate(call.results)
-                                    if str(r.type) in _SCALAR_TENSOR]
+        n_scalars = sum(str(v.type) in _SCALAR_TENSOR for v in call.operands)  # trailing
         with ir.InsertionPoint(call), call.location:
             operands = [_to_tensor(v) for v in call.operands]
             if constants is not None and spec is not None and any(spec.constants):
@@ -138,6 +134,10 @@ def _calls_to_custom_calls(module: "ir.Module", specs: dict[str, KernelCallSpec]
                             else _constant(constants[spec.constant_name(i)])
                             for i in range(len(spec.inputs))] + operands[len(spec.crossing):]
                 config["constants_passed"] = True
+            # which operands and results are run-time scalars (a 0-d tensor is not)
+            config["scalar_operands"] = list(range(len(operands) - n_scalars, len(operands)))
+            config["scalar_results"] = [i for i, r in enumerate(call.results)
+                                        if str(r.type) in _SCALAR_TENSOR]
             result_types = [ir.Type.parse(_SCALAR_TENSOR.get(str(r.type), str(r.type)))
                             for r in call.results]
             cc = ir.Operation.create(CUSTOM_CALL, results=result_types, operands=operands,
