@@ -124,21 +124,16 @@ def export_vmfb(model, args=(), path=None, *, example_kwargs=None, target: str =
         ExportFailed, CompileFailed: as ``compile``.
     """
     from .importer import ImportOptions, import_model
-    from .lower.compile import compile_model
-    from .lower.placement import PlacementPolicy
-    from .lower.plain_module import check_plain
+    from .lower.plain_module import plain_vmfb
     from .lower.targets import get_target
 
-    policy = PlacementPolicy.make("auto", (), "coverage", None)
     imported = import_model(model, args, example_kwargs, ImportOptions(
         strict=strict, dynamic_shapes=dynamic_shapes))
-    art = compile_model(imported, get_target(target, tuple(extra_flags), "default", via),
-                        policy)
-    check_plain(art.manifest)
+    data = plain_vmfb(imported, get_target(target, tuple(extra_flags), "default", via))
     if path is not None:
         with open(path, "wb") as f:
-            f.write(art.vmfb)
-    return art.vmfb
+            f.write(data)
+    return data
 
 
 def report(module_or_path) -> str:

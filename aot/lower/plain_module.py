@@ -11,7 +11,17 @@ from __future__ import annotations
 
 from ..errors import UnsupportedOp
 
-__all__ = ["check_plain"]
+__all__ = ["check_plain", "plain_vmfb"]
+
+
+def plain_vmfb(imported, target) -> bytes:
+    """The program's IREE module with every op compiled (``placement="coverage"``),
+    checked plain (``check_plain``): what ``export_vmfb`` and ``--emit vmfb`` write."""
+    from .compile import compile_model
+    from .placement import PlacementPolicy
+    art = compile_model(imported, target, PlacementPolicy.make("auto", (), "coverage", None))
+    check_plain(art.manifest)
+    return art.vmfb
 
 
 def check_plain(manifest: dict) -> None:
