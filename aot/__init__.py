@@ -9,22 +9,32 @@ The pipeline, one stage per module::
     on a fusion of ops that lower alone: aot.lower.recover)
     CompiledModule (aot.runtime)         load + run, kernel calls via aot.fallback
 
-``compile()`` chains them; ``load()`` and ``report()`` need only the runtime.
+``compile()`` chains them; ``load()`` and ``report()`` need only the runtime, and
+``import aot`` imports neither torch nor the compiler: a plain artifact loads in a
+Python with ``iree-base-runtime`` and numpy alone (``aot.runtime.numpy_module``).
 """
 
 from __future__ import annotations
 
 from .errors import (AotError, ArtifactError, CompileFailed, ExportFailed, InputMismatch,
                      InternalError, KernelCallFailed, UnsupportedOp)
-from .runtime.module import CompiledModule, load
+from .runtime.loading import load
 from .torch_tensor import QuantParams, TorchTensor
 
 __all__ = [
-    "compile", "export_stablehlo", "export_vmfb", "load", "report", "CompiledModule", "TorchTensor", "QuantParams",
+    "compile", "export_stablehlo", "export_vmfb", "load", "report", "CompiledModule",
+    "NumpyModule", "TorchTensor", "QuantParams",
     "AotError", "ArtifactError", "CompileFailed", "ExportFailed", "InputMismatch",
     "InternalError", "KernelCallFailed", "UnsupportedOp",
 ]
 __version__ = "0.1.0"
+
+
+def __getattr__(name):
+    if name in ("CompiledModule", "NumpyModule"):  # their modules import torch / numpy
+        from . import runtime
+        return getattr(runtime, name)
+    raise AttributeError(f"module 'aot' has no attribute {name!r}")
 
 
 def compile(model, args=(), *, example_kwargs=None, target: str = "cpu", fallback: str = "auto",
@@ -37,7 +47,9 @@ def compile(model, args=(), *, example_kwargs=None, target: str = "cpu", fallbac
         model: an ``nn.Module`` (in ``eval()`` mode).
         args: example positional inputs (a tensor or a tuple).
         example_kwargs: example keyword inputs.
-        target: ``"cpu"`` (IREE llvm-cpu) or ``"cuda"``.
+        target: ``"cpu"`` (IREE llvm-cpu, this machine's CPU), ``"cpu:<cpu or triple>"``
+            (another CPU, compiled for from here without measuring: ``cpu:x86-64-v3``,
+            ``cpu:aarch64-linux-gnu``; ``aot.lower.cpu_targets``) or ``"cuda"``.
         fallback: ``"auto"`` (ops IREE cannot lower run in ATen), ``"all"``
             (every op runs in ATen: bit-exact with eager), ``"none"`` (fail,
             listing every op IREE cannot lower).
@@ -83,9 +95,14 @@ def compile(model, args=(), *, example_kwargs=None, target: str = "cpu", fallbac
     # Compiling never needs the target device: without it, the module opens the
     # device on its first call (a clear error there) and can be saved meanwhile.
     import torch
-    here = tgt.driver.startswith("local") or torch.cuda.is_available()
-    example = (args if isinstance(args, tuple) else (args,), dict(example_kwargs or {}))
-    return CompiledModule(compile_model(imported, tgt, policy, example), open_device=here)
+    from .runtime.host_cpu import host_problem
+    from .runtime.module import CompiledModule
+    art = compile_model(imported, tgt, policy,
+                        (args if isinstance(args, tuple) else (args,), dict(example_kwargs or {})))
+    # another CPU's code (target="cpu:..."): opened, and refused, only if called here
+    here = (tgt.driver.startswith("local") and host_problem(art.manifest) is None) \
+        or (tgt.driver == "cuda" and torch.cuda.is_available())
+    return CompiledModule(art, open_device=here)
 
 
 def export_stablehlo(model, args=(), *, example_kwargs=None, target: str = "cpu",
@@ -138,7 +155,7 @@ def export_vmfb(model, args=(), path=None, *, example_kwargs=None, target: str =
 
 def report(module_or_path) -> str:
     """The placement report of a CompiledModule or an artifact file."""
-    if isinstance(module_or_path, CompiledModule):
+    if hasattr(module_or_path, "report"):  # a CompiledModule or NumpyModule
         return module_or_path.report()
     from .artifact import load_artifact
     from .reporting import format_report

@@ -26,7 +26,8 @@ and ``constants_sha256`` their checksum.
 
 The manifest records the target and driver, the flags, torch and IREE versions,
 the input/output TorchTensors and pytree specs, the kernel-call table and the
-placement table (for ``report``). This module never imports ``iree.compiler``.
+placement table (for ``report``). This module never imports ``iree.compiler``, and
+imports torch only where tensors are made: the torch-free runtime reads artifacts too.
 """
 
 from __future__ import annotations
@@ -35,12 +36,13 @@ import hashlib
 import json
 import struct
 from dataclasses import dataclass
-from typing import Any
-
-import torch
-import torch.utils._pytree as pytree
+from typing import TYPE_CHECKING, Any
 
 from .errors import ArtifactError
+
+if TYPE_CHECKING:
+    import torch
+    import torch.utils._pytree as pytree
 __all__ = ["FORMAT_VERSION", "CompiledArtifact", "load_artifact", "dump_treespec", "load_treespec"]
 
 MAGIC = b"AOTART\n"
@@ -73,11 +75,12 @@ class CompiledArtifact:
                 + self.constants + self.vmfb)
         return MAGIC + _VERSION.pack(FORMAT_VERSION) + hashlib.sha256(body).digest() + body
 
-    def host_constants(self, device: torch.device) -> dict[str, torch.Tensor]:
+    def host_constants(self, device: "torch.device") -> dict[str, "torch.Tensor"]:
         """The host-held constants as tensors on ``device`` (views of one buffer on CPU)."""
         table = self.manifest.get("host_constants") or {}
         if not table:
             return {}
+        import torch
         buf = bytearray(self.constants)
         out = {}
         for name, d in table.items():
@@ -93,8 +96,9 @@ class CompiledArtifact:
             f.write(self.to_bytes())
 
 
-def pack_constants(tensors: dict[str, torch.Tensor]) -> tuple[dict, bytes]:
+def pack_constants(tensors: dict[str, "torch.Tensor"]) -> tuple[dict, bytes]:
     """``(table, blob)`` for the manifest's ``host_constants`` and the file's constants."""
+    import torch
     table, parts, offset = {}, [], 0
     for name, t in tensors.items():
         t = t.detach().to("cpu").contiguous()
@@ -107,13 +111,15 @@ def pack_constants(tensors: dict[str, torch.Tensor]) -> tuple[dict, bytes]:
     return table, b"".join(parts)
 
 
-def dump_treespec(spec: pytree.TreeSpec) -> str:
+def dump_treespec(spec: "pytree.TreeSpec") -> str:
     """A pytree spec as the manifest holds it (``torch.return_types`` included)."""
+    import torch.utils._pytree as pytree
     _name_return_types()
     return pytree.treespec_dumps(spec)
 
 
-def load_treespec(text: str) -> pytree.TreeSpec:
+def load_treespec(text: str) -> "pytree.TreeSpec":
+    import torch.utils._pytree as pytree
     _name_return_types()
     return pytree.treespec_loads(text)
 
@@ -122,6 +128,7 @@ def _name_return_types() -> None:
     """Give ``torch.return_types`` (``sort``, ``topk``, ``max``...) serialization names
     where this torch registered them without (torch before 2.15): a program returning
     ``torch.sort(x)`` must save and load like any other."""
+    import torch.utils._pytree as pytree
     named = getattr(pytree, "SUPPORTED_SERIALIZED_TYPES", {})
     # all_return_types leaves out the private ones (``_lu_with_info``): every class of
     # the module that pytree knows

@@ -16,16 +16,23 @@ import math
 import re
 from typing import Any, Callable
 
-import torch
-
-from .artifact import load_treespec
 from .errors import AotError, ArtifactError
+from .treespec import TreeSpec
 
 __all__ = ["check_manifest"]
 
 DRIVERS = ("local-task", "local-sync", "cuda")
 _HEX64 = re.compile(r"^[0-9a-f]{64}$")
 _SCALAR_KINDS = ("b", "i", "f")
+
+
+def _torch():
+    """torch, or None in a Python without it (the torch-free runtime reads manifests too)."""
+    try:
+        import torch
+    except ImportError:
+        return None
+    return torch
 
 
 class _Bad(Exception):
@@ -63,9 +70,9 @@ def _names(types) -> str:
 
 def _tensor(d: Any, field: str) -> None:
     """A TorchTensor's JSON (``aot.torch_tensor``)."""
-    from .torch_tensor import _DTYPES, _LAYOUTS
+    from .torch_tensor import LAYOUT_NAMES, known_dtype_names
     _need(isinstance(d, dict), field, "expected a tensor description (object)")
-    _need(_one_of(d.get("dtype"), _DTYPES), f"{field}.dtype", f"unknown dtype {d.get('dtype')!r}")
+    _need(_one_of(d.get("dtype"), known_dtype_names()), f"{field}.dtype", f"unknown dtype {d.get('dtype')!r}")
     shape, strides = d.get("shape"), d.get("strides")
     _need(isinstance(shape, list) and all(s is None or (_is_int(s) and s >= 0) or _size_expr(s)
                                           for s in shape),
@@ -73,7 +80,7 @@ def _tensor(d: Any, field: str) -> None:
     _need(isinstance(strides, list) and len(strides) == len(shape)
           and all(s is None or _is_int(s) or _size_expr(s) for s in strides),
           f"{field}.strides", f"expected {len(shape)} integer strides, got {strides!r}")
-    _need(_one_of(d.get("layout", "strided"), _LAYOUTS), f"{field}.layout",
+    _need(_one_of(d.get("layout", "strided"), LAYOUT_NAMES), f"{field}.layout",
           f"unknown layout {d.get('layout')!r}")
     q = d.get("qparams")
     if q is not None:
@@ -149,11 +156,13 @@ def _leaf(d: Any, field: str, kinds: tuple[str, ...]) -> str:
 def _spec(m: dict, key: str, leaves: int) -> None:
     s = _typed(m, key, str)
     try:
-        spec = load_treespec(s)
+        n = TreeSpec.loads(s).num_leaves
+        if _torch() is not None:  # its pytree also knows every container type named
+            from .artifact import load_treespec
+            load_treespec(s)
     except Exception as e:  # noqa: BLE001
         raise _Bad(key, f"not a pytree spec ({type(e).__name__}: {e})")
-    _need(spec.num_leaves == leaves, key, f"has {spec.num_leaves} leaves, the manifest "
-          f"describes {leaves}")
+    _need(n == leaves, key, f"has {n} leaves, the manifest describes {leaves}")
 
 
 def _constants(m: dict, constants_len: int) -> None:
@@ -161,23 +170,24 @@ def _constants(m: dict, constants_len: int) -> None:
     if not table:
         return
     _need(isinstance(table, dict), "host_constants", "expected an object")
+    torch = _torch()
+    if torch is None:
+        return  # only kernel calls read them, and those need torch (the loader says so)
     for name, d in table.items():
         f = f"host_constants.{name}"
         _need(isinstance(d, dict), f, "expected an object")
-        try:
-            dtype = getattr(torch, str(d.get("dtype")))
-            _need(isinstance(dtype, torch.dtype), f"{f}.dtype", "unknown dtype")
-        except AttributeError:
-            raise _Bad(f"{f}.dtype", f"unknown dtype {d.get('dtype')!r}") from None
+        dtype = getattr(torch, str(d.get("dtype")), None)
+        _need(isinstance(dtype, torch.dtype), f"{f}.dtype", f"unknown dtype {d.get('dtype')!r}")
+        itemsize = dtype.itemsize
         shape = d.get("shape")
         _need(isinstance(shape, list) and all(_is_int(s) and s >= 0 for s in shape),
               f"{f}.shape", f"expected a list of sizes, got {shape!r}")
         off, n = d.get("offset"), d.get("nbytes")
         _need(_is_int(off) and off >= 0 and off % 64 == 0, f"{f}.offset",
               f"expected a 64-byte aligned offset, got {off!r}")
-        want = math.prod(shape) * dtype.itemsize
+        want = math.prod(shape) * itemsize
         _need(_is_int(n) and n == want, f"{f}.nbytes",
-              f"expected {want} (shape {shape}, {dtype}), got {n!r}")
+              f"expected {want} (shape {shape}, {d['dtype']}), got {n!r}")
         _need(off + n <= constants_len, f"{f}.offset",
               f"bytes {off}..{off + n} lie outside the constants ({constants_len} bytes)")
     _need(isinstance(m.get("constants_sha256"), str) and _HEX64.match(m["constants_sha256"]),
@@ -231,12 +241,15 @@ def _kernel_call(k: Any, f: str) -> None:
 
 
 def _kernel_calls(m: dict) -> set:
-    from .fallback.spec import KernelCallSpec
     calls = _typed(m, "kernel_calls", list)
     keys = set()
     for i, k in enumerate(calls):
         f = f"kernel_calls[{i}]"
         _kernel_call(k, f)
+        if _torch() is None:  # its reader needs torch, as running it does (the loader says)
+            keys.add(k.get("key"))
+            continue
+        from .fallback.spec import KernelCallSpec
         try:
             KernelCallSpec.from_json(k)
         except AotError as e:

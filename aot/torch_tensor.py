@@ -4,7 +4,8 @@ A ``TorchTensor`` describes a tensor as ATen sees it: dtype, shape, strides (so
 memory format), and quantization parameters. It is made at compile time from the
 export's fake tensors, stored in the artifact manifest, and checked at run time
 on every model input. This module imports torch only, so the runtime can use it
-without the compiler.
+without the compiler, and imports torch lazily: a torch-free runtime
+(``aot.runtime.numpy_module``) reads and checks the same descriptions.
 """
 
 from __future__ import annotations
@@ -12,46 +13,70 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from functools import cached_property
-from typing import Any
-
-import torch
+from functools import lru_cache
+from typing import TYPE_CHECKING, Any
 
 from .errors import InputMismatch
 from .symbolic import evaluate, free_symbols, is_input_symbol
 
+if TYPE_CHECKING:
+    import torch
+
 __all__ = ["QuantParams", "TorchTensor", "dtype_from_name", "dtype_name"]
 
-# Forward table: every dtype this torch build has (the boundary takes them all;
-# what compiled code can hold is ``aot.lower.outline``'s business). The inverse
-# is derived so the two cannot drift apart.
-_DTYPES: dict[str, torch.dtype] = {
-    name: getattr(torch, name) for name in (
-        "float32", "float64", "float16", "bfloat16", "int8", "uint8", "int16", "int32",
-        "int64", "bool", "complex32", "complex64", "complex128", "uint16", "uint32", "uint64",
-        "quint8", "qint8", "qint32", "quint4x2", "quint2x4", "float8_e4m3fn", "float8_e5m2",
-        "float8_e4m3fnuz", "float8_e5m2fnuz", "float8_e8m0fnu", "float4_e2m1fn_x2",
-        "bits8", "bits16", "bits1x8", "bits2x4", "bits4x2")
-    if isinstance(getattr(torch, name, None), torch.dtype)}
-_NAMES: dict[torch.dtype, str] = {v: k for k, v in _DTYPES.items()}
+# Every dtype name the boundary knows (the boundary takes them all; what compiled
+# code can hold is ``aot.lower.outline``'s business). Torch-free, so a manifest is
+# read without torch; ``_torch_dtypes`` maps the names this torch build has.
+DTYPE_NAMES = (
+    "float32", "float64", "float16", "bfloat16", "int8", "uint8", "int16", "int32",
+    "int64", "bool", "complex32", "complex64", "complex128", "uint16", "uint32", "uint64",
+    "quint8", "qint8", "qint32", "quint4x2", "quint2x4", "float8_e4m3fn", "float8_e5m2",
+    "float8_e4m3fnuz", "float8_e5m2fnuz", "float8_e8m0fnu", "float4_e2m1fn_x2",
+    "bits8", "bits16", "bits1x8", "bits2x4", "bits4x2")
+_DTYPE_SET = frozenset(DTYPE_NAMES)
 # A quantized tensor crosses into compiled code as its integer representation.
 _STORAGE: dict[str, str] = {"quint8": "uint8", "qint8": "int8", "qint32": "int32"}
+
+
+@lru_cache(maxsize=None)
+def _torch_dtypes() -> dict[str, "torch.dtype"]:
+    """Forward table over this torch build; the inverse is derived so the two cannot
+    drift apart."""
+    import torch
+    return {n: getattr(torch, n) for n in DTYPE_NAMES
+            if isinstance(getattr(torch, n, None), torch.dtype)}
+
+
+@lru_cache(maxsize=None)
+def _torch_names() -> dict["torch.dtype", str]:
+    return {v: k for k, v in _torch_dtypes().items()}
+
+
+def known_dtype_names():
+    """The dtype names a manifest may hold here: this torch build's, or every name the
+    boundary knows where torch is absent (the torch-free runtime checks its own)."""
+    try:
+        return _torch_dtypes()
+    except ImportError:
+        return DTYPE_NAMES
 
 
 def dtype_name(dtype: torch.dtype) -> str:
     """Stable name of a torch dtype (``torch.float32`` -> ``"float32"``)."""
     try:
-        return _NAMES[dtype]
+        return _torch_names()[dtype]
     except KeyError:
         raise InputMismatch(f"dtype {dtype} is not supported at the boundary; "
-                            f"supported: {sorted(_DTYPES)}") from None
+                            f"supported: {sorted(_torch_dtypes())}") from None
 
 
 def dtype_from_name(name: str) -> torch.dtype:
     """Inverse of :func:`dtype_name`."""
     try:
-        return _DTYPES[name]
+        return _torch_dtypes()[name]
     except KeyError:
-        raise InputMismatch(f"unknown dtype name {name!r}; known: {sorted(_DTYPES)}") from None
+        raise InputMismatch(f"unknown dtype name {name!r}; known: "
+                            f"{sorted(_torch_dtypes())}") from None
 
 
 @dataclass(frozen=True)
@@ -68,7 +93,8 @@ class QuantParams:
     axis: int | None = None
 
     @staticmethod
-    def from_tensor(t: torch.Tensor) -> "QuantParams | None":
+    def from_tensor(t: "torch.Tensor") -> "QuantParams | None":
+        import torch
         if not t.is_quantized:
             return None
         qs = t.qscheme()
@@ -131,12 +157,20 @@ def _symbolic_layout(spec: "TorchTensor", expect: tuple) -> bool:
                for s, e, n in zip(spec.strides, expect, spec.shape))
 
 
-# Layouts the boundary describes: dense (strided) and torch's sparse formats.
-_LAYOUTS: dict[str, torch.layout] = {
-    "strided": torch.strided, "sparse_coo": torch.sparse_coo, "sparse_csr": torch.sparse_csr,
-    "sparse_csc": torch.sparse_csc, "sparse_bsr": torch.sparse_bsr,
-    "sparse_bsc": torch.sparse_bsc}
-_LAYOUT_NAMES: dict[torch.layout, str] = {v: k for k, v in _LAYOUTS.items()}
+# Layouts the boundary describes: dense (strided) and torch's sparse formats, named
+# as torch names them (``torch.sparse_csr``).
+LAYOUT_NAMES = ("strided", "sparse_coo", "sparse_csr", "sparse_csc", "sparse_bsr",
+                "sparse_bsc")
+
+
+@lru_cache(maxsize=None)
+def _layout_names() -> dict["torch.layout", str]:
+    import torch
+    return {getattr(torch, n): n for n in LAYOUT_NAMES}
+
+
+# row-major and channels-last (NHWC) orders, fastest-varying dimension first
+_CHANNELS_LAST = (1, 3, 2, 0)
 
 
 @dataclass(frozen=True)
@@ -165,22 +199,22 @@ class TorchTensor:
     layout: str = "strided"
 
     def __post_init__(self):
-        assert self.dtype in _DTYPES, self.dtype
+        assert self.dtype in _DTYPE_SET, self.dtype
         assert len(self.shape) == len(self.strides), (self.shape, self.strides)
-        assert self.layout in _LAYOUTS, self.layout
+        assert self.layout in LAYOUT_NAMES, self.layout
 
     @staticmethod
-    def from_tensor(t: torch.Tensor) -> "TorchTensor":
+    def from_tensor(t: "torch.Tensor") -> "TorchTensor":
         """Describe a real or fake tensor (a data-dependent dimension becomes ``None``).
 
         A sparse tensor (``layout`` other than ``"strided"``) has no strides: they
         are all ``None``, and only the host (ATen) ever holds it.
         """
         shape = tuple(_dim(s) for s in t.shape)
-        layout = _LAYOUT_NAMES.get(t.layout)
+        layout = _layout_names().get(t.layout)
         if layout is None:
             raise InputMismatch(f"tensor layout {t.layout} is not supported at the boundary; "
-                                f"supported: {sorted(_LAYOUTS)}")
+                                f"supported: {sorted(LAYOUT_NAMES)}")
         strides = (tuple(_dim(s) for s in t.stride()) if layout == "strided"
                    else (None,) * len(shape))
         if None in shape or None in strides:
@@ -194,7 +228,7 @@ class TorchTensor:
         return self.layout != "strided"
 
     @cached_property
-    def torch_dtype(self) -> torch.dtype:
+    def torch_dtype(self) -> "torch.dtype":
         return dtype_from_name(self.dtype)
 
     @property
@@ -241,11 +275,11 @@ class TorchTensor:
             return self.layout
         if self.is_contiguous:
             return "contiguous"
-        if len(self.shape) == 4 and self.is_symbolic:
-            if _symbolic_layout(self, _strides_in_order(self.shape, (1, 3, 2, 0))):
+        if len(self.shape) == 4:
+            expect = _strides_in_order(self.shape, _CHANNELS_LAST)
+            if self.is_symbolic and _symbolic_layout(self, expect) or not self.is_symbolic \
+                    and all(s == e or n <= 1 for s, e, n in zip(self.strides, expect, self.shape)):
                 return "channels_last"
-        elif len(self.shape) == 4 and _same_layout(self, torch.channels_last):
-            return "channels_last"
         return "strided"
 
     @property
@@ -253,7 +287,7 @@ class TorchTensor:
         """What compiled code holds: ``uint8`` for ``quint8`` and so on; else the dtype."""
         return _STORAGE.get(self.dtype, self.dtype)
 
-    def to_storage(self, t: torch.Tensor, name: str = "tensor") -> torch.Tensor:
+    def to_storage(self, t: "torch.Tensor", name: str = "tensor") -> "torch.Tensor":
         """ATen tensor -> the buffer compiled code sees (quantized: its int_repr).
 
         Raises InputMismatch when ``t``'s quantization parameters are not the
@@ -267,11 +301,12 @@ class TorchTensor:
                                 f"{self.qparams}, got {got}")
         return t.int_repr()
 
-    def from_storage(self, t: torch.Tensor) -> torch.Tensor:
+    def from_storage(self, t: "torch.Tensor") -> "torch.Tensor":
         """Integer buffer -> the quantized tensor ATen expects (no copy of the data)."""
         q = self.qparams
         if q is None:
             return t
+        import torch
         if q.scheme == "per_tensor_affine":
             return torch._make_per_tensor_quantized_tensor(t, q.scale, q.zero_point)
         scales = torch.tensor(q.scale, dtype=torch.float64, device=t.device)
@@ -292,6 +327,7 @@ class TorchTensor:
         reverse) is then an error, not a copy. Without it, any strided tensor of
         the right shape and dtype passes (the caller converts it).
         """
+        import torch
         if (isinstance(t, torch.Tensor) and t.layout == torch.strided
                 and t.dtype == self.torch_dtype and self.qparams is None
                 and t.shape == self.shape and t.stride() == self.strides):
@@ -299,21 +335,40 @@ class TorchTensor:
         if not isinstance(t, torch.Tensor):
             raise InputMismatch(f"{name}: expected a torch.Tensor {self.short()}, "
                                 f"got {type(t).__name__}")
-        got_layout = _LAYOUT_NAMES.get(t.layout, str(t.layout))
+        got_layout = _layout_names().get(t.layout, str(t.layout))
         if got_layout != self.layout:
             raise InputMismatch(f"{name}: layout mismatch: expected {self.layout}, "
                                 f"got {got_layout}")
+        self._check_seen(list(t.shape), str(t.dtype).replace("torch.", ""),
+                         lambda: TorchTensor.from_tensor(t), name, strict_layout)
+
+    def check_array(self, a: Any, name: str, strict_layout: bool = True) -> None:
+        """:meth:`check` for a numpy array (the torch-free runtime): the same checks
+        and messages; strides are counted in elements, as torch counts them."""
+        import numpy as np
+        if not isinstance(a, np.ndarray):
+            raise InputMismatch(f"{name}: expected a numpy.ndarray {self.short()}, "
+                                f"got {type(a).__name__}")
+        def seen():
+            return TorchTensor(self.dtype, tuple(a.shape),
+                               tuple(st // max(a.itemsize, 1) for st in a.strides))
+        self._check_seen(list(a.shape), "bool" if a.dtype == np.bool_ else str(a.dtype),
+                         seen, name, strict_layout)
+
+    def _check_seen(self, shape: list, dtype: str, described, name: str,
+                    strict_layout: bool) -> None:
+        """Shape, dtype, then (``described()``: the value as a TorchTensor) memory format
+        and quantization parameters; the first difference is an InputMismatch."""
         # a None dimension (known only at run time) takes any size
-        if t.dim() != len(self.shape) or any(
-                d is not None and d != g for d, g in zip(self.shape, t.shape)):
+        if len(shape) != len(self.shape) or any(
+                d is not None and d != g for d, g in zip(self.shape, shape)):
             raise InputMismatch(f"{name}: shape mismatch: expected {self._dims()}, "
-                                f"got {list(t.shape)}")
-        if t.dtype != self.torch_dtype:
-            raise InputMismatch(f"{name}: dtype mismatch: expected {self.dtype}, "
-                                f"got {str(t.dtype).replace('torch.', '')}")
+                                f"got {shape}")
+        if dtype != self.dtype:
+            raise InputMismatch(f"{name}: dtype mismatch: expected {self.dtype}, got {dtype}")
         if self.is_sparse or self.is_dynamic:
             return  # no strides to compare: only the host holds such tensors
-        got = TorchTensor.from_tensor(t)
+        got = described()
         if strict_layout and got.memory_format != self.memory_format:
             raise InputMismatch(f"{name}: memory format mismatch: expected {self.memory_format} "
                                 f"(strides {list(self.strides)}), got {got.memory_format} "
@@ -359,8 +414,3 @@ def _dim(s) -> int | str | None:
     if not all(is_input_symbol(str(f)) for f in expr.free_symbols):
         return None  # not only input sizes (``s0``): data-dependent (``u0``)
     return str(expr)
-
-
-def _same_layout(spec: TorchTensor, fmt: torch.memory_format) -> bool:
-    probe = torch.empty(spec.shape, device="meta").contiguous(memory_format=fmt)
-    return all(a == b or n <= 1 for a, b, n in zip(probe.stride(), spec.strides, spec.shape))

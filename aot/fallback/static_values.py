@@ -32,11 +32,13 @@ into ``UnsupportedOp`` naming the op and the source line.
 from __future__ import annotations
 
 import math
-from typing import Any
+from functools import lru_cache
+from typing import TYPE_CHECKING, Any
 
-import torch
+if TYPE_CHECKING:  # torch is imported where a torch value is met: the torch-free
+    import torch   # runtime decodes a plain artifact's static values too
 
-__all__ = ["encode", "decode", "SymSize", "has_sym_size", "resolve_sizes"]
+__all__ = ["encode", "decode", "check_given", "SymSize", "has_sym_size", "resolve_sizes"]
 
 
 class SymSize:
@@ -74,11 +76,14 @@ def resolve_sizes(value: Any, env: dict) -> Any:
         return tuple(resolve_sizes(v, env) for v in value)
     return value
 
-_MEMORY_FORMATS = {
-    "contiguous_format": torch.contiguous_format, "channels_last": torch.channels_last,
-    "channels_last_3d": torch.channels_last_3d, "preserve_format": torch.preserve_format,
-}
-_LAYOUTS = {"strided": torch.strided, "sparse_coo": torch.sparse_coo}
+
+@lru_cache(maxsize=None)
+def _tables() -> dict[str, dict[str, Any]]:
+    """The torch values recorded by name: memory formats and layouts."""
+    import torch
+    return {"memory_format": {n: getattr(torch, n) for n in (
+                "contiguous_format", "channels_last", "channels_last_3d", "preserve_format")},
+            "layout": {n: getattr(torch, n) for n in ("strided", "sparse_coo")}}
 
 
 def _name_of(table: dict[str, Any], value: Any) -> str:
@@ -101,19 +106,20 @@ def encode(value: Any) -> Any:
     if isinstance(value, (list, tuple)):
         # FX hands us immutable_list/immutable_dict subclasses: tag by base type.
         return {"tuple" if isinstance(value, tuple) else "list": [encode(v) for v in value]}
+    import torch
     if isinstance(value, torch.dtype):
         from ..torch_tensor import dtype_name
         return {"dtype": dtype_name(value)}
     if isinstance(value, torch.device):
         return {"device": str(value)}
     if isinstance(value, torch.memory_format):
-        return {"memory_format": _name_of(_MEMORY_FORMATS, value)}
+        return {"memory_format": _name_of(_tables()["memory_format"], value)}
     if isinstance(value, torch.layout):
-        return {"layout": _name_of(_LAYOUTS, value)}
+        return {"layout": _name_of(_tables()["layout"], value)}
     raise TypeError(f"cannot record a static value of type {type(value).__name__}: {value!r}")
 
 
-def decode(data: Any, *, device: torch.device | None = None) -> Any:
+def decode(data: Any, *, device: "torch.device | None" = None) -> Any:
     """Inverse of :func:`encode`; ``device`` re-targets recorded devices."""
     if not isinstance(data, dict):
         return data
@@ -130,11 +136,22 @@ def decode(data: Any, *, device: torch.device | None = None) -> Any:
         from ..torch_tensor import dtype_from_name
         return dtype_from_name(v)
     if tag == "device":
-        return device if device is not None else torch.device(v)
-    if tag == "memory_format":
-        return _MEMORY_FORMATS[v]
-    if tag == "layout":
-        return _LAYOUTS[v]
+        if device is not None:
+            return device
+        import torch
+        return torch.device(v)
+    if tag in ("memory_format", "layout"):
+        return _tables()[tag][v]
     if tag == "size":
         return SymSize(v)
     raise ValueError(f"unknown static value tag {tag!r}")
+
+
+def check_given(value: Any, recorded: Any, name: str) -> None:
+    """A model input compiled as a static value (``recorded``, as encoded): the caller
+    must give that value. Raises InputMismatch naming the input."""
+    from ..errors import InputMismatch
+    expected = decode(recorded)
+    if value != expected:
+        raise InputMismatch(f"{name}: the model was compiled with the value "
+                            f"{expected!r} here, got {value!r}; recompile to change it")

@@ -119,6 +119,11 @@ def compile_model(imported: ImportedProgram, target: Target,
     """
     t0 = time.perf_counter()
     target = _for_program(imported, target)
+    if not target.runs_here and (policy.placement != "coverage" or example is not None):
+        # another CPU than this one (aot.lower.cpu_targets): nothing is measured here
+        log.info("%s is not this machine: compiling with placement='coverage', unmeasured",
+                 target.name)
+        policy, example = dataclasses.replace(policy, placement="coverage"), None
     if target.via == "stablehlo" and policy.fallback == "all":
         # the dummy mode: every op its own custom call, through StableHLO and IREE
         policy = dataclasses.replace(policy, group=False)
@@ -347,6 +352,7 @@ def _manifest(imported: ImportedProgram, target: Target, policy: PlacementPolicy
         "via": target.via,
         "driver": target.driver,
         "flags": list(target.flags),
+        "cpu": target.cpu.to_json() if target.cpu is not None else None,
         "torch_version": torch.__version__,
         "iree_version": _iree_version(),
         "inputs": inputs,

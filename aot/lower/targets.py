@@ -2,7 +2,8 @@
 
 ``flags`` are the IREE flags of the default profile; ``driver`` is the IREE
 runtime driver the artifact is loaded with (recorded in the manifest so the
-runtime never needs this module).
+runtime never needs this module). ``"cpu:<name>"`` is another CPU than this
+machine's, compiled for from here (``aot.lower.cpu_targets``).
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..errors import CompileFailed
+from .cpu_targets import CpuTarget, cpu_flags, resolve_cpu
 
 __all__ = ["Target", "TARGETS", "PROFILES", "VIAS", "get_target"]
 VIAS = ("torch", "stablehlo")
@@ -25,6 +27,14 @@ class Target:
     # what IREE compiles: "torch" (the Torch dialect, IREE's own lowering) or
     # "stablehlo" (lowered by torch-mlir first: aot.lower.stablehlo)
     via: str = "torch"
+    # a CPU target's architecture, CPU and features (recorded in the manifest, checked
+    # against the host at load); None for other backends
+    cpu: CpuTarget | None = None
+
+    @property
+    def runs_here(self) -> bool:
+        """Compiled for this machine: its code can be measured here (placement)."""
+        return self.cpu is None or self.cpu.host
 
 
 TARGETS: dict[str, Target] = {
@@ -54,14 +64,21 @@ def get_target(name: str, extra_flags: tuple[str, ...] = (), profile: str = "def
     if via == "stablehlo":
         from .stablehlo import check
         check()  # torch-mlir installed, or a clear error before anything runs
+    base, _, spec = name.partition(":") if isinstance(name, str) else (name, "", "")
     try:
-        t = TARGETS[name]
-    except KeyError:
-        raise CompileFailed(f"unknown target {name!r}; choose one of {sorted(TARGETS)}") from None
+        t = TARGETS[base]
+    except (KeyError, TypeError):
+        raise CompileFailed(f"unknown target {name!r}; choose one of {sorted(TARGETS)}, or "
+                            "cpu:<cpu or triple> (e.g. cpu:x86-64-v3, cpu:aarch64-linux-gnu)",
+                            stage="options") from None
+    if spec and base != "cpu":
+        raise CompileFailed(f"unknown target {name!r}: only cpu takes a name after ':' "
+                            "(cpu:<cpu or triple>)", stage="options")
     try:
-        pflags = PROFILES[name][profile]
+        pflags = PROFILES[base][profile]
     except KeyError:
-        raise CompileFailed(f"unknown profile {profile!r} for {name}; choose one of "
-                            f"{sorted(PROFILES[name])}") from None
-    return Target(t.name, t.backend, t.driver, t.flags + pflags + tuple(extra_flags), profile,
-                  via)
+        raise CompileFailed(f"unknown profile {profile!r} for {base}; choose one of "
+                            f"{sorted(PROFILES[base])}", stage="options") from None
+    flags = (cpu_flags(spec) if spec else t.flags) + pflags + tuple(extra_flags)
+    cpu = resolve_cpu(flags) if t.backend == "llvm-cpu" else None
+    return Target(name if spec else t.name, t.backend, t.driver, flags, profile, via, cpu)

@@ -1,28 +1,36 @@
 """IREE devices, one per driver per process, and DLPack exchange with torch.
 
-The runtime side: imports ``iree.runtime`` and torch, never ``iree.compiler``.
+The runtime side: imports ``iree.runtime``, never ``iree.compiler``; torch only for
+exchanging tensors and for CUDA (the torch-free runtime opens CPU devices here too).
 Tensors cross in both directions through DLPack without copies on CPU.
 """
 
 from __future__ import annotations
 
 import threading
+from typing import TYPE_CHECKING
 
-import torch
 import iree.runtime as rt
 
 from ..errors import ArtifactError, InputMismatch
 
 __all__ = ["get_device", "torch_to_buffer_view", "buffer_view_to_torch", "DLPACK_DEVICE",
-           "sync_torch", "cuda_unavailable_reason", "as_storage"]
+           "sync_torch", "cuda_unavailable_reason", "as_storage", "quiet_exit"]
 
 DLPACK_DEVICE = {"local-task": 1, "local-sync": 1, "cuda": 2}  # kDLCPU, kDLCUDA
 _devices: dict[str, "rt.HalDevice"] = {}
 _lock = threading.Lock()
 
+if TYPE_CHECKING:
+    import torch
+
 
 def cuda_unavailable_reason() -> str | None:
     """Why CUDA artifacts cannot run in this process, or None when they can."""
+    try:
+        import torch
+    except ImportError:
+        return "torch is not installed (a CUDA artifact runs with torch)"
     if not torch.cuda.is_available():
         return ("no CUDA device is available to torch (torch.cuda.is_available() is False); "
                 "compile and save for 'cuda' anywhere, run on a machine with an NVIDIA GPU")
@@ -53,8 +61,9 @@ def get_device(driver: str) -> "rt.HalDevice":
         return _devices[driver]
 
 
-def torch_to_buffer_view(device: "rt.HalDevice", t: torch.Tensor, name: str) -> "rt.HalBufferView":
+def torch_to_buffer_view(device: "rt.HalDevice", t: "torch.Tensor", name: str) -> "rt.HalBufferView":
     """Share a dense torch tensor's memory with IREE (no copy)."""
+    import torch.utils.dlpack
     if not t.is_contiguous():
         raise InputMismatch(f"{name}: compiled code needs a dense row-major buffer, got strides "
                             f"{list(t.stride())}")
@@ -64,8 +73,9 @@ def torch_to_buffer_view(device: "rt.HalDevice", t: torch.Tensor, name: str) -> 
         raise InputMismatch(f"{name}: cannot hand tensor ({t.dtype}, {t.device}) to IREE: {e}") from e
 
 
-def buffer_view_to_torch(device: "rt.HalDevice", bv: "rt.HalBufferView", driver: str) -> torch.Tensor:
+def buffer_view_to_torch(device: "rt.HalDevice", bv: "rt.HalBufferView", driver: str) -> "torch.Tensor":
     """A torch tensor over an IREE buffer view's memory (no copy; CUDA device 0)."""
+    import torch
     return torch.from_dlpack(device.create_dlpack_capsule(bv, DLPACK_DEVICE[driver], 0))
 
 
@@ -79,11 +89,27 @@ def sync_torch(driver: str) -> None:
     before it calls a host function and before ``invoke`` returns.
     """
     if driver == "cuda":
+        import torch
         torch.cuda.current_stream().synchronize()
 
 
-def as_storage(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+def as_storage(t: "torch.Tensor", dtype: "torch.dtype") -> "torch.Tensor":
     """Reinterpret a buffer IREE typed signless (``i8``) as the dtype the spec says (``uint8``)."""
     if t.dtype == dtype or t.element_size() != dtype.itemsize:
         return t
     return t.view(dtype)
+
+
+def quiet_exit() -> None:
+    """At interpreter exit, once a runtime has released its modules: drop the devices and
+    silence nanobind's report of IREE buffers still alive. Output tensors or arrays the
+    user holds keep them alive (zero-copy); that is not a leak."""
+    import gc
+    _devices.clear()
+    gc.collect()
+    disable = getattr(getattr(rt, "_binding", None), "disable_leak_checker", None)
+    if disable is None:
+        from iree._runtime_libs import _runtime
+        disable = getattr(_runtime, "disable_leak_checker", None)
+    if disable is not None:
+        disable()

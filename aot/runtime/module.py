@@ -16,8 +16,7 @@ import torch
 import torch.utils._pytree as pytree
 import iree.runtime as rt
 
-from ..artifact import CompiledArtifact, load_artifact, load_treespec
-from ..manifest_check import reading
+from ..artifact import CompiledArtifact, load_treespec
 from ..errors import AotError, ArtifactError, InputMismatch, KernelCallFailed
 from ..symbolic import bind_inputs
 from ..fallback import static_values
@@ -26,9 +25,12 @@ from ..fallback.quantized_ops import pinned_engine
 from ..fallback.host_program import HostProgram
 from ..fallback.spec import KernelCallSpec
 from ..torch_tensor import TorchTensor, dtype_from_name
-from .device import as_storage, buffer_view_to_torch, get_device, sync_torch, torch_to_buffer_view
+from ..treespec import structure_error
+from .host_cpu import host_problem
+from .device import (as_storage, buffer_view_to_torch, get_device, quiet_exit, sync_torch,
+                     torch_to_buffer_view)
 
-__all__ = ["CompiledModule", "load"]
+__all__ = ["CompiledModule"]
 log = logging.getLogger(__name__)
 _live: "weakref.WeakSet[CompiledModule]" = weakref.WeakSet()
 
@@ -103,6 +105,9 @@ class CompiledModule:
                                        self.torch_device)
             self.host = HostModule(None, None)  # type: ignore[arg-type]  (counts calls)
             return
+        why = host_problem(self.manifest)
+        if why is not None:  # before IREE: its code would die of SIGILL on the first call
+            raise ArtifactError(f"{self.manifest['name']}: cannot run here: {why}", stage="load")
         self.device = get_device(self.driver)
         self.instance = rt.VmInstance()
         self.host = make_host_module(self.kernel_calls, self.device, self.driver,
@@ -263,15 +268,8 @@ class CompiledModule:
                     self._converted(leaf, want, name)
                 dense.append(want.to_storage(leaf, name).contiguous())
             else:
-                self._check_static(leaf, want, name)
+                static_values.check_given(leaf, want[1], name)
         return dense
-
-    @staticmethod
-    def _check_static(leaf, want, name) -> None:
-        expected = static_values.decode(want[1])
-        if leaf != expected:
-            raise InputMismatch(f"{name}: the model was compiled with the value "
-                                f"{expected!r} here, got {leaf!r}; recompile to change it")
 
     def _invoke(self, arg_list, results, function) -> None:
         try:
@@ -299,11 +297,7 @@ class CompiledModule:
 
     def _structure_error(self, args, kwargs) -> str:
         want_args, want_kwargs = pytree.tree_unflatten(list(range(len(self.inputs))), self.in_spec)
-        if len(args) != len(want_args) or set(kwargs) != set(want_kwargs):
-            return (f"expected {len(want_args)} positional input(s) and keyword input(s) "
-                    f"{sorted(want_kwargs) or 'none'}, got {len(args)} positional and "
-                    f"{sorted(kwargs) or 'none'}")
-        return (f"input structure differs from the example inputs: expected {self.in_spec}")
+        return structure_error(len(want_args), want_kwargs, args, kwargs, str(self.in_spec))
 
     def close(self) -> None:
         """Release IREE objects now (also done at interpreter exit)."""
@@ -333,38 +327,12 @@ def _eager_layout(t: torch.Tensor, spec: TorchTensor) -> torch.Tensor:
     return out.expand(spec.shape) if zero else out
 
 
-def load(path: str, *, strict_layout: bool = False) -> CompiledModule:
-    """Load an artifact written by ``CompiledModule.save`` / ``aot compile``.
-
-    Needs ``iree-base-runtime`` and torch only (never ``iree.compiler``).
-    ``strict_layout=True``: an input in another memory layout than the compiled
-    one is an ``InputMismatch`` instead of a counted conversion.
-
-    Raises:
-        ArtifactError: missing, corrupt, truncated or incompatible file.
-    """
-    art = load_artifact(path)
-    return reading(path, "opening the module",
-                   lambda: CompiledModule(art, strict_layout=strict_layout))
-
-
 @atexit.register
 def _release_all() -> None:
     # IREE's bindings warn about live objects at interpreter exit; release ours first.
-    import gc
     for m in list(_live):
         m.close()
-    from . import device
-    device._devices.clear()
-    gc.collect()
-    # Output tensors the user still holds keep IREE buffers alive (zero-copy);
-    # that is not a leak, so silence nanobind's exit-time report of them.
-    disable = getattr(getattr(rt, "_binding", None), "disable_leak_checker", None)
-    if disable is None:
-        from iree._runtime_libs import _runtime
-        disable = getattr(_runtime, "disable_leak_checker", None)
-    if disable is not None:
-        disable()
+    quiet_exit()
 
 
 def _unflatten(leaves: list, spec: pytree.TreeSpec):
