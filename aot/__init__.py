@@ -127,11 +127,17 @@ def export_stablehlo(model, args=(), *, example_kwargs=None, target: str = "cpu"
 
 def export_vmfb(model, args=(), path=None, *, example_kwargs=None, target: str = "cpu",
                 extra_flags=(), strict: bool = False, dynamic_shapes=None,
-                via: str = "torch") -> bytes:
+                via: str = "torch", parameters: str | None = None) -> bytes:
     """``model`` as a plain IREE module (``.vmfb``) that IREE's own tools and runtime run
     without this package or torch: every op compiled (``placement="coverage"``), entry
     function ``main`` (README, "Deploying with the IREE runtime alone"). Written to
     ``path`` when given; the bytes are returned.
+
+    ``parameters``: a path: weights of 4 KiB or more are written there as an IREE
+    parameter archive (``.irpa``, scope ``model``: run with
+    ``--parameters=model=FILE``) and the module holds only the code (ResNet18: 0.3 MB
+    instead of 47 MB). ``target``: as ``compile``'s (``"cpu:aarch64-linux-gnu"`` makes
+    a module for another CPU).
 
     Raises:
         UnsupportedOp: some ops would still run in ATen (kernel calls need this
@@ -146,7 +152,8 @@ def export_vmfb(model, args=(), path=None, *, example_kwargs=None, target: str =
 
     imported = import_model(model, args, example_kwargs, ImportOptions(
         strict=strict, dynamic_shapes=dynamic_shapes))
-    data = plain_vmfb(imported, get_target(target, tuple(extra_flags), "default", via))
+    data = plain_vmfb(imported, get_target(target, tuple(extra_flags), "default", via),
+                      parameters)
     if path is not None:
         with open(path, "wb") as f:
             f.write(data)

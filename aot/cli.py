@@ -127,6 +127,9 @@ def cmd_compile(args) -> int:
     if args.plan:
         from .lower.regions import read_plan
         plan = read_plan(args.plan)
+    if args.parameters and args.emit != "vmfb":
+        from .errors import CompileFailed
+        raise CompileFailed("--parameters goes with --emit vmfb", stage="options")
     if args.emit == "vmfb" and not args.output:
         from .errors import CompileFailed
         raise CompileFailed("--emit vmfb needs -o FILE.vmfb", stage="options")
@@ -148,13 +151,18 @@ def cmd_compile(args) -> int:
         from .lower.plain_module import plain_vmfb
         from .torch_tensor import TorchTensor
         _step(f"compiling every op for {target.name} (placement='coverage') ...")
-        data = plain_vmfb(imported, target)
+        data = plain_vmfb(imported, target, args.parameters)
         with open(args.output, "wb") as f:
             f.write(data)
         n_in = sum(1 for leaf in imported.flat_inputs if isinstance(leaf, TorchTensor))
+        params = ""
+        if args.parameters:
+            params = f"--parameters=model={args.parameters} "
+            _step(f"wrote {args.parameters} "
+                  f"({os.path.getsize(args.parameters) / 1e6:.1f} MB of weights)")
         _step(f"wrote {args.output} ({len(data) / 1e6:.1f} MB) in "
               f"{time.perf_counter() - t0:.1f}s; run it with: iree-run-module "
-              f"--module={args.output} --device={target.driver} --function=main "
+              f"--module={args.output} {params}--device={target.driver} --function=main "
               + " ".join(f"--input=@in{i}.npy" for i in range(n_in)))
         return 0
     if args.emit == "stablehlo":
@@ -314,7 +322,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="example input shape, e.g. 1,3,224,224 (repeat for several inputs)")
     c.add_argument("--input-dtype", default="float32", help="dtype of generated inputs")
     c.add_argument("-o", "--output", help="artifact path (default: <model>.aot)")
-    c.add_argument("--target", default="cpu", help="cpu or cuda")
+    c.add_argument("--target", default="cpu",
+                   help="cpu (this machine), cpu:<cpu or triple> (another CPU: cpu:x86-64-v3, "
+                        "cpu:znver4, cpu:aarch64-linux-gnu[:neoverse-v1]) or cuda")
     c.add_argument("--fallback", default="auto", help="auto, all or none")
     c.add_argument("--fallback-op", action="append", default=[],
                    help="force an op to ATen, e.g. aten.layer_norm (repeatable)")
@@ -336,6 +346,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="print the MLIR at this stage instead of compiling (to -o when "
                         "given, for stablehlo); vmfb: write a plain IREE module to -o "
                         "that iree-run-module runs (every op compiled, or refused)")
+    c.add_argument("--parameters", metavar="FILE.irpa",
+                   help="with --emit vmfb: write the weights to this IREE parameter archive "
+                        "(run with --parameters=model=FILE.irpa); the module keeps the code")
     c.set_defaults(fn=cmd_compile)
     r = sub.add_parser("run", help="load an artifact and run it on random (or given) inputs")
     r.add_argument("artifact")

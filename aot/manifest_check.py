@@ -347,6 +347,7 @@ def _checks(m: dict, constants_len: int) -> None:
     ex = m.get("executor")
     _need(ex is None or isinstance(ex, dict), "executor", "expected an object or null")
     _constants(m, constants_len)
+    _cpu(m)
     _symbols(m, inputs)
     _host_program(m, len(inputs))
     _specialized(m)
@@ -355,6 +356,20 @@ def _checks(m: dict, constants_len: int) -> None:
         v = m.get(key)
         _need(v is None or (isinstance(v, types) and not isinstance(v, bool)), key,
               f"expected {_names(types)}, got {type(v).__name__}")
+
+
+def _cpu(m: dict) -> None:
+    """``cpu`` (``aot.lower.cpu_targets.CpuTarget``): what the host is checked against."""
+    cpu = m.get("cpu")
+    if cpu is None:
+        return
+    _need(isinstance(cpu, dict), "cpu", "expected an object or null")
+    for key in ("arch", "triple", "cpu"):
+        _need(isinstance(cpu.get(key), str) and cpu[key], f"cpu.{key}", "expected a name")
+    feats = cpu.get("features")
+    _need(isinstance(feats, list) and all(isinstance(f, str) for f in feats), "cpu.features",
+          "expected a list of feature names")
+    _need(isinstance(cpu.get("host"), bool), "cpu.host", "expected true or false")
 
 
 def _specialized(m: dict) -> None:

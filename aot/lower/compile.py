@@ -40,7 +40,7 @@ from .specialize import specialize, worth_specializing
 from .tiling import DYNAMIC_UNSAFE, safe_for_dynamic, tiled_target, worth_tiling
 from .targets import Target
 
-__all__ = ["compile_program", "compile_model", "prepare", "stablehlo_module"]
+__all__ = ["compile_program", "compile_model", "prepare", "program_target", "stablehlo_module"]
 log = logging.getLogger(__name__)
 _MAX_RECOVERY_ROUNDS = 4
 # at most this many kernel calls chosen by per-op measurement: also try all compiled
@@ -61,7 +61,7 @@ def _holds_f64(imported: ImportedProgram) -> bool:
     return False
 
 
-def _for_program(imported: ImportedProgram, target: Target) -> Target:
+def program_target(imported: ImportedProgram, target: Target) -> Target:
     """The target's flags for this program (float64 kept when the program holds it; a
     dynamic program's data tiling through the path that is exact on dynamic shapes)."""
     if _holds_f64(imported) and KEEP_F64 not in target.flags:
@@ -118,7 +118,7 @@ def compile_model(imported: ImportedProgram, target: Target,
         CompileFailed: ``fallback="none"`` and IREE fails.
     """
     t0 = time.perf_counter()
-    target = _for_program(imported, target)
+    target = program_target(imported, target)
     if not target.runs_here and (policy.placement != "coverage" or example is not None):
         # another CPU than this one (aot.lower.cpu_targets): nothing is measured here
         log.info("%s is not this machine: compiling with placement='coverage', unmeasured",
@@ -166,7 +166,7 @@ def stablehlo_module(imported: ImportedProgram, target: Target,
             ``"auto"``); the message has torch-mlir's first error.
     """
     from .stablehlo import to_stablehlo
-    target = dataclasses.replace(_for_program(imported, target), via="stablehlo")
+    target = dataclasses.replace(program_target(imported, target), via="stablehlo")
     policy = dataclasses.replace(policy, group=False)  # one custom call per ATen op
     imported, _ = prepare(imported, policy)
     demoted: dict[str, str] = {}

@@ -39,6 +39,8 @@ __all__ = ["CpuTarget", "cpu_flags", "resolve_cpu", "ARCHES"]
 ARCHES = {"x86_64": "x86_64", "aarch64": "aarch64", "arm64": "aarch64",
           "riscv64": "riscv64", "riscv32": "riscv32", "i686": "x86", "i386": "x86",
           "armv7": "arm", "wasm32": "wasm32"}
+_TRIPLE_WORDS = {"linux", "gnu", "gnueabihf", "musl", "none", "unknown", "pc", "apple",
+                 "darwin", "windows", "w64", "elf", "eabi", "freebsd"}
 _FLAG = "--iree-llvmcpu-target-"
 _TRIPLE = re.compile(r"target_triple\s*=\s*\"([^\"]*)\"")
 _CPU = re.compile(r"\bcpu\s*=\s*\"([^\"]*)\"")
@@ -75,7 +77,11 @@ def cpu_flags(spec: str) -> tuple[str, ...]:
                             "cpu:<triple>:<cpu name> (e.g. cpu:x86-64-v3, "
                             "cpu:aarch64-linux-gnu:neoverse-v1)", stage="options")
     first = parts[0].split("-")[0]
-    if first in ARCHES or (len(parts) == 2):
+    # a triple: starts with an architecture, or names a vendor or system (x86-64-v3 and
+    # icelake-client are CPUs)
+    looks_triple = any(w in _TRIPLE_WORDS or w.startswith(("android", "macos", "ios"))
+                       for w in parts[0].split("-")[1:])
+    if first in ARCHES or looks_triple or len(parts) == 2:
         if first not in ARCHES:
             raise CompileFailed(f"target 'cpu:{spec}': {parts[0]!r} is not a target triple of "
                                 f"an architecture IREE targets ({', '.join(sorted(ARCHES))})",

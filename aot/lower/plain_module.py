@@ -1,27 +1,105 @@
-"""plain_module: may an artifact's IREE module run on IREE's runtime alone?
+"""plain_module: the artifact's IREE module alone, for IREE's own runtime and tools.
 
-A plain module (``aot.export_vmfb``, ``aot compile --emit vmfb``) is the artifact's
-``.vmfb`` handed out as it is: IREE's tools (``iree-run-module``) and runtime call its
-``main`` with the model's tensor inputs and get its outputs. That holds only when the
-program needs nothing of this package at run time: no kernel call (a host function
-it imports), and no in-place update of an input (the runtime here writes it back).
+A plain module (``aot.export_vmfb``, ``aot compile --emit vmfb``) is the program
+compiled whole (``placement="coverage"``) and handed out as a ``.vmfb``: IREE's tools
+(``iree-run-module``) and runtime call its ``main`` with the model's tensor inputs
+and get its outputs. That holds only when the program needs nothing of this package
+at run time: no kernel call (a host function it imports), and no in-place update of
+an input (the runtime here writes it back); :func:`check_plain` refuses the rest.
+
+Its weights can go to an IREE parameter archive beside it (``.irpa``, loaded with
+``--parameters=model=FILE``): each weight literal of the Torch-dialect program
+becomes a module-level ``util.global`` that IREE never inlines, read where the
+literal was, and IREE's ``--iree-parameter-export`` writes every such global of
+at least ``min_bytes`` to the archive under the scope ``model``, leaving the module a
+loader of named parameters (IREE folds plain constant globals back into the code
+before it would export them, hence ``#util.inline.never``).
 """
 
 from __future__ import annotations
 
-from ..errors import UnsupportedOp
+import dataclasses
+import os
+import re
 
-__all__ = ["check_plain", "plain_vmfb"]
+from ..errors import AotError, CompileFailed, UnsupportedOp
+
+__all__ = ["check_plain", "plain_vmfb", "externalize_weights", "PARAMETER_SCOPE"]
+
+PARAMETER_SCOPE = "model"
+MIN_PARAMETER_BYTES = 4096  # smaller weights (biases, norms) stay in the module
+_LITERAL = re.compile(r"^(\s*)(%[\w.$-]+) = torch\.vtensor\.literal\(dense_resource<([^>]+)> : "
+                      r"(tensor<[^>]*>)\) : (!torch\.vtensor<[^>]*>)\s*$")
 
 
-def plain_vmfb(imported, target) -> bytes:
+def plain_vmfb(imported, target, parameters: str | None = None,
+               min_bytes: int = MIN_PARAMETER_BYTES) -> bytes:
     """The program's IREE module with every op compiled (``placement="coverage"``),
-    checked plain (``check_plain``): what ``export_vmfb`` and ``--emit vmfb`` write."""
+    checked plain (``check_plain``): what ``export_vmfb`` and ``--emit vmfb`` write.
+    With ``parameters`` (a file path), weights of ``min_bytes`` or more are written
+    there as an IREE parameter archive and the module loads them from it."""
     from .compile import compile_model
     from .placement import PlacementPolicy
-    art = compile_model(imported, target, PlacementPolicy.make("auto", (), "coverage", None))
-    check_plain(art.manifest)
-    return art.vmfb
+    coverage = PlacementPolicy.make("auto", (), "coverage", None)
+    if parameters is None:
+        art = compile_model(imported, target, coverage)
+        check_plain(art.manifest)
+        return art.vmfb
+    return _with_parameters(imported, target, coverage, os.path.abspath(parameters), min_bytes)
+
+
+def _with_parameters(imported, target, policy, path: str, min_bytes: int) -> bytes:
+    from .compile import compile_model, prepare, program_target
+    from .iree_compile import try_compile
+    from .partition import partition
+    if target.via != "torch":
+        raise CompileFailed("a parameter archive is written for via='torch' only",
+                            stage="options")
+    if not os.path.isdir(os.path.dirname(path)):
+        raise CompileFailed(f"parameters: folder {os.path.dirname(path)!r} does not exist",
+                            stage="options")
+    target = program_target(imported, target)
+    try:
+        p = partition(prepare(imported, policy)[0], target, policy)
+    except AotError:
+        p = None  # compile_model below says why (or runs it as one ATen region: not plain)
+    if p is not None and not imported.mutations and all(pl.where == "compiled"
+                                                        for pl in p.placements):
+        flags = (f"--iree-parameter-export={PARAMETER_SCOPE}={path}",
+                 f"--iree-parameter-export-minimum-size={int(min_bytes)}")
+        vmfb, _ = try_compile(externalize_weights(p.mlir),
+                              dataclasses.replace(target, flags=tuple(target.flags) + flags))
+        if vmfb is not None:
+            return vmfb
+    # not plain, or IREE failed on the whole: compile as the artifact is (moving what
+    # IREE fails on to ATen), to say which ops keep it from being plain
+    check_plain(compile_model(imported, target, policy).manifest)
+    raise CompileFailed(f"IREE could not compile {imported.name} with its weights as "
+                        "parameters; export it without an archive", stage="compile")
+
+
+def externalize_weights(asm: str) -> str:
+    """``asm`` (Torch dialect, as the importer writes it) with every
+    ``torch.vtensor.literal(dense_resource<K>)`` read from a module-level global ``@K``
+    (kept out of the code: ``#util.inline.never``), which holds the same resource."""
+    out, globals_, seen = [], [], set()
+    for line in asm.splitlines():
+        m = _LITERAL.match(line)
+        if m is None:
+            out.append(line)
+            continue
+        indent, name, key, tensor, vtensor = m.groups()
+        if key not in seen:
+            seen.add(key)
+            globals_.append(f'  util.global private @"{key}" <inlining_policy = '
+                            f'#util.inline.never> = dense_resource<{key}> : {tensor}')
+        raw = f"%__w{name[1:]}"
+        out += [f'{indent}{raw} = util.global.load @"{key}" : {tensor}',
+                f"{indent}{name} = torch_c.from_builtin_tensor {raw} : {tensor} -> {vtensor}"]
+    if not globals_:
+        return asm
+    head = next(i for i, ln in enumerate(out) if ln.startswith("module"))
+    return "\n".join(out[:head + 1] + globals_ + out[head + 1:]) + "\n"
 
 
 def check_plain(manifest: dict) -> None:

@@ -157,9 +157,9 @@ def _refuse_torch_only(m: dict) -> None:
     """ArtifactError naming what in manifest ``m`` needs torch at run time."""
     why = []
     if m.get("kernel_calls"):
-        ops = sorted({k["op"] for k in m["kernel_calls"]})
-        why.append(f"{len(m['kernel_calls'])} kernel call(s) into ATen ({', '.join(ops[:8])}"
-                   f"{', ...' if len(ops) > 8 else ''})")
+        ops = sorted({p["op"] for p in m.get("placements", []) if p["where"] == "kernel_call"})
+        why.append(f"kernel calls into ATen for {len(ops)} op(s): {', '.join(ops[:8])}"
+                   f"{', ...' if len(ops) > 8 else ''}")
     if m.get("host_program") is not None:
         why.append("it runs as one ATen region (placement chose it)")
     if m.get("mutations"):
