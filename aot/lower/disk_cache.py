@@ -11,6 +11,7 @@ import hashlib
 import json
 import logging
 import os
+import re
 import threading
 
 from .targets import Target
@@ -30,7 +31,8 @@ class JsonCache:
         via = "" if target.via == "torch" else f" via={target.via}"  # coverage differs per path
         digest = hashlib.sha256((" ".join(target.flags) + via + key).encode()).hexdigest()[:12]
         ver = getattr(v, "VERSION", getattr(v, "PACKAGE_SUFFIX", "unknown"))
-        self.path = os.path.join(directory, f"{kind}-{ver}-{target.name}-{digest}.json")
+        name = re.sub(r"[^\w.-]", "_", target.name)  # cpu:aarch64-linux-gnu
+        self.path = os.path.join(directory, f"{kind}-{ver}-{name}-{digest}.json")
         try:
             with open(self.path) as f:
                 self.data: dict[str, dict] = json.load(f)
