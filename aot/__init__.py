@@ -131,7 +131,9 @@ def export_vmfb(model, args=(), path=None, *, example_kwargs=None, target: str =
     """``model`` as a plain IREE module (``.vmfb``) that IREE's own tools and runtime run
     without this package or torch: every op compiled (``placement="coverage"``), entry
     function ``main`` (README, "Deploying with the IREE runtime alone"). Written to
-    ``path`` when given; the bytes are returned.
+    ``path`` when given; the bytes are returned. On this machine's CPU, compiled with
+    the flags measured faster on it, as ``compile`` is (the same module an artifact of
+    ``compile(..., placement="coverage")`` holds).
 
     ``parameters``: a path: weights of 4 KiB or more are written there as an IREE
     parameter archive (``.irpa``, scope ``model``: run with
@@ -152,8 +154,9 @@ def export_vmfb(model, args=(), path=None, *, example_kwargs=None, target: str =
 
     imported = import_model(model, args, example_kwargs, ImportOptions(
         strict=strict, dynamic_shapes=dynamic_shapes))
+    example = (args if isinstance(args, tuple) else (args,), dict(example_kwargs or {}))
     data = plain_vmfb(imported, get_target(target, tuple(extra_flags), "default", via),
-                      parameters)
+                      parameters, example=example)
     if path is not None:
         with open(path, "wb") as f:
             f.write(data)

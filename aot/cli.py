@@ -150,8 +150,9 @@ def cmd_compile(args) -> int:
     if args.emit == "vmfb":
         from .lower.plain_module import plain_vmfb
         from .torch_tensor import TorchTensor
-        _step(f"compiling every op for {target.name} (placement='coverage') ...")
-        data = plain_vmfb(imported, target, args.parameters)
+        _step(f"compiling every op for {target.name} (placement='coverage'; flags measured "
+              "on this machine where it is the target) ...")
+        data = plain_vmfb(imported, target, args.parameters, example=(tuple(example), {}))
         with open(args.output, "wb") as f:
             f.write(data)
         n_in = sum(1 for leaf in imported.flat_inputs if isinstance(leaf, TorchTensor))

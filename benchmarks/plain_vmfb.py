@@ -63,7 +63,8 @@ def bench(name: str, rounds: int, calls: int, work: str) -> dict:
     aot.export_vmfb(model, example, vmfb)
     aot.export_vmfb(model, example, pvmfb, parameters=irpa)
     art = os.path.join(work, f"{name}.aot")
-    aot.compile(model, example, placement="coverage").save(art)
+    compiled = aot.compile(model, example, placement="coverage")
+    compiled.save(art)
     tm, nm = aot.load(art), aot.load(art, arrays="numpy")
     arrays = [t.numpy() for t in example]
     npys = []
@@ -72,17 +73,25 @@ def bench(name: str, rounds: int, calls: int, work: str) -> dict:
         np.save(npys[-1], a)
     got = nm(*arrays)
     err = float(np.abs(got - want.numpy()).max())
-    rows = {k: [] for k in ("tool", "tool_irpa", "aot_torch", "aot_numpy", "eager")}
+    rows = {k: [] for k in ("tool_default", "tool", "tool_irpa", "aot_torch", "aot_numpy",
+                            "eager")}
+    # IREE's tools place one worker per physical core by default (one on a 2-vCPU VM
+    # whose vCPUs are SMT siblings); the Python runtime starts one per CPU: the tool is
+    # also run with as many workers as the Python runtime has
+    workers = [f"--task_topology_group_count={os.cpu_count()}"]
     with torch.no_grad():
         for _ in range(3):  # warm up
             tm(*example), nm(*arrays), model(*example)
         for _ in range(rounds):
-            rows["tool"].append(_tool_ms(vmfb, npys, [], calls))
-            rows["tool_irpa"].append(_tool_ms(pvmfb, npys, [f"--parameters=model={irpa}"], calls))
+            rows["tool_default"].append(_tool_ms(vmfb, npys, [], calls))
+            rows["tool"].append(_tool_ms(vmfb, npys, workers, calls))
+            rows["tool_irpa"].append(_tool_ms(pvmfb, npys, [f"--parameters=model={irpa}", *workers],
+                                              calls))
             rows["aot_torch"].append(_calls_ms(lambda: tm(*example), calls))
             rows["aot_numpy"].append(_calls_ms(lambda: nm(*arrays), calls))
             rows["eager"].append(_calls_ms(lambda: model(*example), calls))
     return {"model": name, "shapes": [list(a.shape) for a in arrays],
+            "flags": compiled.manifest["flags"],
             "vmfb_bytes": os.path.getsize(vmfb), "vmfb_with_irpa_bytes": os.path.getsize(pvmfb),
             "irpa_bytes": os.path.getsize(irpa), "aot_bytes": os.path.getsize(art),
             "max_abs_err_vs_eager": err,
@@ -102,17 +111,21 @@ def main():
                f"{_iree_version()}")
     with tempfile.TemporaryDirectory() as work:
         results = [bench(n, a.rounds, a.calls, work) for n in a.models.split(",")]
-    lines = [f"machine: {machine}", "",
-             "| model | vmfb (weights inside) | vmfb + irpa | iree-benchmark-module | "
-             "same, with irpa | aot.load (torch) | aot.load (numpy, no torch) | eager | "
-             "max abs err |", "|---|---|---|---|---|---|---|---|---|"]
+    lines = [f"machine: {machine}", f"{a.rounds} rounds of {a.calls} calls; median over rounds "
+             "(fastest and slowest round in brackets)", "",
+             f"| model | vmfb (weights inside) | vmfb + irpa | iree-benchmark-module "
+             f"(default workers) | iree-benchmark-module ({os.cpu_count()} workers) | same, "
+             "with irpa | aot.load (torch) | aot.load (numpy, no torch) | eager | "
+             "max abs err | flags |", "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in results:
-        m = r["median_ms"]
+        m, rr = r["median_ms"], r["rounds_ms"]
+        cell = {k: f"{m[k]:.2f} ms [{min(rr[k]):.2f}-{max(rr[k]):.2f}]" for k in m}
         lines.append(
             f"| {r['model']} {r['shapes']} | {r['vmfb_bytes'] / 1e6:.2f} MB | "
             f"{r['vmfb_with_irpa_bytes'] / 1e6:.2f} MB + {r['irpa_bytes'] / 1e6:.2f} MB | "
-            f"{m['tool']:.2f} ms | {m['tool_irpa']:.2f} ms | {m['aot_torch']:.2f} ms | "
-            f"{m['aot_numpy']:.2f} ms | {m['eager']:.2f} ms | {r['max_abs_err_vs_eager']:.1e} |")
+            f"{cell['tool_default']} | {cell['tool']} | {cell['tool_irpa']} | {cell['aot_torch']} | "
+            f"{cell['aot_numpy']} | {cell['eager']} | {r['max_abs_err_vs_eager']:.1e} | "
+            f"{' '.join(r['flags'])} |")
     text = "\n".join(lines)
     print(text)
     if a.out:

@@ -22,7 +22,7 @@ import dataclasses
 import os
 import re
 
-from ..errors import AotError, CompileFailed, UnsupportedOp
+from ..errors import CompileFailed, UnsupportedOp
 
 __all__ = ["check_plain", "plain_vmfb", "externalize_weights", "PARAMETER_SCOPE"]
 
@@ -33,24 +33,31 @@ _LITERAL = re.compile(r"^(\s*)(%[\w.$-]+) = torch\.vtensor\.literal\(dense_resou
 
 
 def plain_vmfb(imported, target, parameters: str | None = None,
-               min_bytes: int = MIN_PARAMETER_BYTES) -> bytes:
+               min_bytes: int = MIN_PARAMETER_BYTES, example=None) -> bytes:
     """The program's IREE module with every op compiled (``placement="coverage"``),
     checked plain (``check_plain``): what ``export_vmfb`` and ``--emit vmfb`` write.
-    With ``parameters`` (a file path), weights of ``min_bytes`` or more are written
-    there as an IREE parameter archive and the module loads them from it."""
+
+    ``example`` (``(args, kwargs)``): on this machine's CPU, the module is compiled
+    with the flags measured faster on it (data tiling and microkernels, where matmuls
+    carry the program: ``aot.lower.tiling``), as ``aot.compile`` would. With
+    ``parameters`` (a file path), weights of ``min_bytes`` or more are written there as
+    an IREE parameter archive and the module loads them from it."""
     from .compile import compile_model
     from .placement import PlacementPolicy
     coverage = PlacementPolicy.make("auto", (), "coverage", None)
+    art = compile_model(imported, target, coverage, example)
+    check_plain(art.manifest)
     if parameters is None:
-        art = compile_model(imported, target, coverage)
-        check_plain(art.manifest)
         return art.vmfb
-    return _with_parameters(imported, target, coverage, os.path.abspath(parameters), min_bytes)
+    return _with_parameters(imported, dataclasses.replace(target, flags=tuple(
+        art.manifest["flags"])), coverage, os.path.abspath(parameters), min_bytes)
 
 
 def _with_parameters(imported, target, policy, path: str, min_bytes: int) -> bytes:
-    from .compile import compile_model, prepare, program_target
-    from .iree_compile import try_compile
+    """The plain program compiled again with ``target`` (the flags it was compiled
+    with), its weights read from globals that IREE exports to ``path``."""
+    from .compile import prepare
+    from .iree_compile import first_error, try_compile
     from .partition import partition
     if target.via != "torch":
         raise CompileFailed("a parameter archive is written for via='torch' only",
@@ -58,24 +65,16 @@ def _with_parameters(imported, target, policy, path: str, min_bytes: int) -> byt
     if not os.path.isdir(os.path.dirname(path)):
         raise CompileFailed(f"parameters: folder {os.path.dirname(path)!r} does not exist",
                             stage="options")
-    target = program_target(imported, target)
-    try:
-        p = partition(prepare(imported, policy)[0], target, policy)
-    except AotError:
-        p = None  # compile_model below says why (or runs it as one ATen region: not plain)
-    if p is not None and not imported.mutations and all(pl.where == "compiled"
-                                                        for pl in p.placements):
-        flags = (f"--iree-parameter-export={PARAMETER_SCOPE}={path}",
-                 f"--iree-parameter-export-minimum-size={int(min_bytes)}")
-        vmfb, _ = try_compile(externalize_weights(p.mlir),
-                              dataclasses.replace(target, flags=tuple(target.flags) + flags))
-        if vmfb is not None:
-            return vmfb
-    # not plain, or IREE failed on the whole: compile as the artifact is (moving what
-    # IREE fails on to ATen), to say which ops keep it from being plain
-    check_plain(compile_model(imported, target, policy).manifest)
-    raise CompileFailed(f"IREE could not compile {imported.name} with its weights as "
-                        "parameters; export it without an archive", stage="compile")
+    p = partition(prepare(imported, policy)[0], target, policy)
+    flags = (f"--iree-parameter-export={PARAMETER_SCOPE}={path}",
+             f"--iree-parameter-export-minimum-size={int(min_bytes)}")
+    vmfb, diag = try_compile(externalize_weights(p.mlir),
+                             dataclasses.replace(target, flags=tuple(target.flags) + flags))
+    if vmfb is None:
+        raise CompileFailed(f"IREE could not compile {imported.name} with its weights as "
+                            f"parameters ({first_error(diag)}); export it without an archive",
+                            stage="compile")
+    return vmfb
 
 
 def externalize_weights(asm: str) -> str:
