@@ -42,6 +42,11 @@ def format_report(manifest: dict) -> str:
                      "StableHLO; an op torch-mlir cannot lower runs in ATen, with its error)")
     else:
         lines.append("path: Torch dialect (IREE lowers the compiled ops)")
+    cpu = manifest.get("cpu")
+    if cpu:
+        lines.append(f"cpu: {cpu['cpu']} ({cpu['arch']}; LLVM features: {len(cpu['features'])})"
+                     + ("" if cpu["host"] else ", not this machine's: placement not "
+                        "measured (coverage); refused at load by a CPU that cannot run it"))
     symbols = manifest.get("symbols") or {}
     if symbols:
         dims = "; ".join(

@@ -79,7 +79,8 @@ def test_numpy_module_matches_eager_and_the_torch_runtimes_errors(mixed_artifact
 
 
 def test_load_in_a_python_without_torch(mixed_artifact, tmp_path):
-    """A subprocess where ``import torch`` fails: load, run, check inputs; torch stays out."""
+    """A subprocess where ``import torch`` (and sympy) fails: load, run, check inputs;
+    torch stays out."""
     path, _ = mixed_artifact
     m, x, ids = _example()
     with torch.no_grad():
@@ -92,6 +93,7 @@ def test_load_in_a_python_without_torch(mixed_artifact, tmp_path):
     script = textwrap.dedent(f"""
         import json, sys
         sys.modules["torch"] = None  # import torch raises ImportError
+        sys.modules["sympy"] = None  # (torch brings it; a torch-free Python may lack it)
         import numpy as np
         import aot
         out = {{}}

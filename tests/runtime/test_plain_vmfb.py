@@ -72,13 +72,14 @@ def test_cli_emit_vmfb_with_a_parameter_archive(tmp_path):
     """ResNet18's weights in an .irpa beside a module that holds only the code."""
     out, params = tmp_path / "m.vmfb", tmp_path / "m.irpa"
     done = subprocess.run([sys.executable, "-m", "aot.cli", "compile", "resnet18", "--emit",
-                           "vmfb", "-o", str(out), "--parameters", str(params)],
-                          capture_output=True, text=True)
+                           "vmfb", "-o", str(out), "--parameters", str(params),
+                           "--input-shape", "1,3,64,64"], capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
     assert f"--parameters=model={params}" in done.stderr  # how to run it
     assert os.path.getsize(out) < 1e6 and os.path.getsize(params) > 40e6  # 11.7 M floats
     from models.resnet18 import resnet18
-    m, (x,) = resnet18()
+    m, _ = resnet18()
+    x = torch.randn(1, 3, 64, 64)
     (got,) = _run_module(str(out), [x.numpy()], 1, tmp_path,
                          extra=[f"--parameters=model={params}"])
     with torch.no_grad():
