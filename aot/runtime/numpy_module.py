@@ -132,8 +132,8 @@ class NumpyModule:
                 warnings.warn(f"{name}: not row-major (strides {list(a.strides)} bytes): copied "
                               "on every such call (counted in layout_conversions; "
                               "strict_layout=True refuses instead)", stacklevel=4)
-        if a.flags.c_contiguous and a.size and a.ctypes.data % _ALIGN == 0:
-            return self.device.from_dlpack_capsule(a.__dlpack__())
+        if a.flags.c_contiguous and a.flags.writeable and a.size and a.ctypes.data % _ALIGN == 0:
+            return self.device.from_dlpack_capsule(a.__dlpack__())  # (DLPack: writable only)
         return rt.asdevicearray(self.device, np.ascontiguousarray(a))._buffer_view
 
     def _array(self, results, i: int, spec: TorchTensor) -> np.ndarray:

@@ -153,6 +153,8 @@ def test_dynamic_sizes_and_layouts_with_numpy(tmp_path):
     with torch.no_grad():
         np.testing.assert_allclose(got, lin(torch.from_numpy(xt)).numpy(), rtol=1e-5, atol=1e-5)
     assert n.layout_conversions == 1
+    ro = np.frombuffer(xt.copy(order="C").tobytes(), np.float32).reshape(4, 6)  # read-only
+    np.testing.assert_array_equal(n(ro), got)  # copied (DLPack takes writable arrays only)
     strict = aot.load(str(tmp_path / "d.aot"), arrays="numpy", strict_layout=True)
     with pytest.raises(aot.InputMismatch, match="memory format mismatch"):
         strict(xt)
