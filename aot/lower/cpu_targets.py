@@ -30,15 +30,10 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 from ..errors import CompileFailed
-from ..runtime.host_cpu import host_arch
+from ..runtime.host_cpu import ARCHES, host_arch
 
-__all__ = ["CpuTarget", "cpu_flags", "resolve_cpu", "ARCHES"]
+__all__ = ["CpuTarget", "cpu_flags", "resolve_cpu"]
 
-# architectures LLVM in IREE 3.13 targets that IREE's runtime runs; the first word of
-# a triple (``arm64`` is Apple's name for aarch64)
-ARCHES = {"x86_64": "x86_64", "aarch64": "aarch64", "arm64": "aarch64",
-          "riscv64": "riscv64", "riscv32": "riscv32", "i686": "x86", "i386": "x86",
-          "armv7": "arm", "wasm32": "wasm32"}
 _TRIPLE_WORDS = {"linux", "gnu", "gnueabihf", "musl", "none", "unknown", "pc", "apple",
                  "darwin", "windows", "w64", "elf", "eabi", "freebsd"}
 _FLAG = "--iree-llvmcpu-target-"

@@ -22,15 +22,20 @@ import platform
 import subprocess
 from functools import lru_cache
 
-__all__ = ["host_problem", "host_features", "host_arch"]
+__all__ = ["host_problem", "host_features", "host_arch", "ARCHES"]
 
-_ARCH_NAMES = {"x86_64": "x86_64", "amd64": "x86_64", "aarch64": "aarch64", "arm64": "aarch64"}
+# Architectures by the names a triple's first word or ``platform.machine()`` gives them
+# (``arm64``: Apple's aarch64; ``amd64``: Windows' x86_64), as the manifest names them:
+# the ones LLVM in IREE 3.13 targets and IREE's runtime runs.
+ARCHES = {"x86_64": "x86_64", "amd64": "x86_64", "aarch64": "aarch64", "arm64": "aarch64",
+          "riscv64": "riscv64", "riscv32": "riscv32", "i686": "x86", "i386": "x86",
+          "armv7": "arm", "wasm32": "wasm32"}
 
 
 def host_arch() -> str:
     """This machine's architecture, named as the manifest names it (``x86_64``)."""
     m = platform.machine().lower()
-    return _ARCH_NAMES.get(m, m)
+    return ARCHES.get(m, m)
 
 
 @lru_cache(maxsize=1)
