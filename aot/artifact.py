@@ -39,6 +39,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from .errors import ArtifactError
+from .limits import check_document, read_json
 
 if TYPE_CHECKING:
     import torch
@@ -141,18 +142,38 @@ def _name_return_types() -> None:
         pytree.SERIALIZED_TYPE_TO_PYTHON_TYPE[name] = cls
 
 
-def load_artifact(path: str) -> CompiledArtifact:
+def load_artifact(path: str, *, sha256: str | None = None,
+                  legacy: bool = True) -> CompiledArtifact:
     """Read and validate an artifact file.
 
+    Args:
+        sha256: the whole file's SHA-256 (64 hex digits, either case), as
+            :func:`file_sha256` or ``aot compile`` / ``aot report`` give it: any other
+            file is refused before a byte of it is parsed.
+        legacy: ``False`` refuses format versions 1 and 2 (no whole-file digest).
     Raises:
         ArtifactError: missing file, not an artifact, truncated, corrupt
-            (checksum), or written by an incompatible format version.
+            (checksum), or written by an incompatible format version; a file whose
+            SHA-256 is not the pinned one, or a malformed pin; a legacy format
+            with ``legacy=False``.
     """
+    want = None
+    if sha256 is not None:
+        if not isinstance(sha256, str) or len(sha256) != 2 * _DIGEST or \
+                not set(sha256) <= set("0123456789abcdefABCDEF"):
+            raise ArtifactError(f"sha256={sha256!r} is not a SHA-256 digest (64 hex digits, "
+                                "as `aot report` prints it)")
+        want = sha256.lower()
     try:
         with open(path, "rb") as f:
             data = f.read()
     except OSError as e:
         raise ArtifactError(f"cannot read artifact {path!r}: {e.strerror}") from e
+    if want is not None:
+        got = hashlib.sha256(data).hexdigest()
+        if got != want:
+            raise ArtifactError(f"{path!r} is not the pinned file: its SHA-256 is {got[:16]}…, "
+                                f"expected {want[:16]}… (a different build, or a modified file)")
     if not data.startswith(MAGIC):
         raise ArtifactError(f"{path!r} is not an aot artifact (bad magic bytes; expected a "
                             "file written by CompiledModule.save / `aot compile`)")
@@ -163,6 +184,11 @@ def load_artifact(path: str) -> CompiledArtifact:
         raise ArtifactError(f"{path!r} has format version {version}; this aot reads versions "
                             f"{', '.join(map(str, _READS))}: recompile the model (or the file "
                             "is corrupt)")
+    if not legacy and version < 3:
+        raise ArtifactError(f"{path!r} has legacy format version {version}, which has no "
+                            "whole-file digest (its manifest is not covered by a checksum); "
+                            "refused with legacy=False: recompile the model (or save it "
+                            "again) to write format 3")
     pos = len(MAGIC) + _VERSION.size
     if version >= 3:
         if len(data) < pos + _DIGEST:
@@ -172,10 +198,7 @@ def load_artifact(path: str) -> CompiledArtifact:
             raise ArtifactError(f"{path!r} is corrupt or truncated: its contents do not match "
                                 "the file's SHA-256 checksum")
     manifest, pos = _read_section(data, pos, path, "manifest")
-    try:
-        manifest = json.loads(manifest)
-    except ValueError as e:
-        raise ArtifactError(f"{path!r}: manifest is not valid JSON ({e})") from e
+    manifest = read_json(manifest, f"{path!r}: manifest")
     constants, rest = b"", pos
     if version >= 2:
         constants, rest = _read_section(data, pos, path, "constants")
@@ -199,6 +222,7 @@ def _read_section(data: bytes, pos: int, path: str, what: str) -> tuple[bytes, i
 def _validate(manifest: Any, vmfb: bytes, path: str, constants: bytes = b"") -> None:
     if not isinstance(manifest, dict):
         raise ArtifactError(f"{path!r}: manifest is not a JSON object")
+    check_document(manifest, f"{path!r}: manifest")
     missing = [k for k in _REQUIRED if k not in manifest]
     if missing:
         raise ArtifactError(f"{path!r}: manifest lacks {', '.join(missing)}")
@@ -215,3 +239,22 @@ def _validate(manifest: Any, vmfb: bytes, path: str, constants: bytes = b"") -> 
     if digest != manifest["vmfb_sha256"]:
         raise ArtifactError(f"{path!r} is corrupt or truncated: module checksum {digest[:12]}… "
                             f"does not match the manifest's {manifest['vmfb_sha256'][:12]}…")
+
+
+def file_sha256(path_or_bytes: Any) -> str:
+    """The SHA-256 (hex) of a whole file as it is on disk (a path), or of bytes: what
+    ``load_artifact(path, sha256=...)`` pins.
+
+    Raises:
+        ArtifactError: the file cannot be read.
+    """
+    if isinstance(path_or_bytes, (bytes, bytearray, memoryview)):
+        return hashlib.sha256(path_or_bytes).hexdigest()
+    h = hashlib.sha256()
+    try:
+        with open(path_or_bytes, "rb") as f:
+            while chunk := f.read(1 << 20):
+                h.update(chunk)
+    except OSError as e:
+        raise ArtifactError(f"cannot read {str(path_or_bytes)!r}: {e.strerror}") from e
+    return h.hexdigest()

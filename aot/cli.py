@@ -1,8 +1,10 @@
-"""The ``aot`` command: compile, run, report, demo.
+"""The ``aot`` command: compile, run, report, sign, demo.
 
     aot compile PATH_OR_MODULE:FACTORY --input-shape 1,3,224,224 -o m.aot
-    aot run m.aot
-    aot report m.aot
+    aot run m.aot [--sha256 HEX] [--verify key.pub [--signature m.aot.sig]]
+    aot report m.aot [--sha256 HEX] [--verify key.pub [--signature m.aot.sig]]
+    aot keygen key.pem              (key.pem + key.pub, for aot sign / --verify)
+    aot sign m.aot --key key.pem    (writes m.aot.sig; pip install 'aot[signing]')
     aot demo
     aot bench [--quick]
 """
@@ -187,6 +189,8 @@ def cmd_compile(args) -> int:
     n_kc = len(art.manifest["kernel_calls"])
     _step(f"wrote {out} ({os.path.getsize(out) / 1e6:.1f} MB, {n_kc} kernel calls) "
           f"in {time.perf_counter() - t0:.1f}s")
+    from .artifact import file_sha256
+    print(f"sha256: {file_sha256(out)}")  # what `aot run --sha256` / aot.load(sha256=) pin
     if args.save_plan:
         from .lower.regions import plan_of
         with open(args.save_plan, "w") as f:
@@ -215,10 +219,17 @@ def _random_inputs(module):
     return pytree.tree_unflatten(leaves, module.in_spec)
 
 
+def _integrity(args) -> dict:
+    """``aot.load``'s integrity arguments from ``--sha256``, ``--verify``,
+    ``--signature`` and ``--no-legacy``."""
+    return {"sha256": args.sha256, "verify": args.verify, "signature": args.signature,
+            "legacy": not args.no_legacy}
+
+
 def cmd_run(args) -> int:
     import torch
     from .runtime import load
-    cm = load(args.artifact)
+    cm = load(args.artifact, **_integrity(args))
     call_args, call_kwargs = _random_inputs(cm)
     if args.inputs:
         loaded = torch.load(args.inputs)
@@ -242,10 +253,43 @@ def cmd_run(args) -> int:
 
 
 def cmd_report(args) -> int:
-    from .artifact import load_artifact
+    from .artifact import file_sha256
     from .reporting import format_report
-    print(format_report(load_artifact(args.artifact).manifest))
+    from .runtime.loading import read_artifact
+    art = read_artifact(args.artifact, **_integrity(args))
+    print(format_report(art.manifest))
+    print(f"sha256: {file_sha256(args.artifact)}")
     return 0
+
+
+def cmd_sign(args) -> int:
+    from .artifact import file_sha256
+    from .signing import sign
+    sig = sign(args.artifact, args.key, args.signature)
+    _step(f"signed {args.artifact} (sha256 {file_sha256(args.artifact)}); wrote {sig}")
+    return 0
+
+
+def cmd_keygen(args) -> int:
+    from .signing import keygen
+    private, public = keygen(args.private_key, args.public)
+    _step(f"wrote the private key {private} (keep it secret: it signs) and the public key "
+          f"{public} (give it to whoever loads: aot run --verify {public})")
+    return 0
+
+
+def _integrity_options(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("integrity (checked before the file is parsed; docs/security.md)")
+    g.add_argument("--sha256", metavar="HEX",
+                   help="refuse any file but the one with this SHA-256 (as `aot compile` "
+                        "and `aot report` print it)")
+    g.add_argument("--verify", metavar="PUBLIC.pem",
+                   help="require a valid signature by this public key's private key "
+                        "(`aot sign`; pip install 'aot[signing]')")
+    g.add_argument("--signature", metavar="FILE",
+                   help="the signature file for --verify (default: ARTIFACT.sig)")
+    g.add_argument("--no-legacy", action="store_true",
+                   help="refuse format versions 1 and 2 (no whole-file digest)")
 
 
 def cmd_demo(args) -> int:
@@ -356,10 +400,26 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--inputs", help="a .pt file with a tensor or tuple of tensors")
     r.add_argument("--repeat", type=int, default=10, help="timed runs after the first")
     r.add_argument("-o", "--output", help="save outputs to this .pt file")
+    _integrity_options(r)
     r.set_defaults(fn=cmd_run)
     rep = sub.add_parser("report", help="what was compiled and what falls back to ATen")
     rep.add_argument("artifact")
+    _integrity_options(rep)
     rep.set_defaults(fn=cmd_report)
+    s = sub.add_parser("sign", help="sign an artifact with an elliptic-curve private key "
+                       "(model-signing; pip install 'aot[signing]')")
+    s.add_argument("artifact")
+    s.add_argument("--key", required=True, metavar="PRIVATE.pem",
+                   help="the private key (PEM: P-256, P-384 or P-521; `aot keygen` makes one)")
+    s.add_argument("--signature", metavar="OUT.sig",
+                   help="where to write the signature (default: ARTIFACT.sig)")
+    s.set_defaults(fn=cmd_sign)
+    k = sub.add_parser("keygen", help="make a P-256 key pair for `aot sign` and --verify")
+    k.add_argument("private_key", metavar="PRIVATE.pem",
+                   help="the private key to write (mode 0600; never overwritten)")
+    k.add_argument("--public", metavar="PUBLIC.pem",
+                   help="the public key to write (default: key.pub for key.pem)")
+    k.set_defaults(fn=cmd_keygen)
     d = sub.add_parser("demo", help="compile, save, load and run a bundled model end to end")
     d.add_argument("--model", default="resnet18")
     d.add_argument("-o", "--output")

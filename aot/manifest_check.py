@@ -12,17 +12,21 @@ readers at load; anything those raise is reported against their field.
 
 from __future__ import annotations
 
+import keyword
 import math
 import re
 from typing import Any, Callable
 
 from .errors import AotError, ArtifactError
+from .limits import MAX_RANK, MAX_TENSOR_BYTES, check_document, read_json, tensor_bytes
+from .op_table import GROUP_OP, name_problem, py_problem
 from .treespec import TreeSpec
 
 __all__ = ["check_manifest"]
 
 DRIVERS = ("local-task", "local-sync", "cuda")
 _HEX64 = re.compile(r"^[0-9a-f]{64}$")
+_KEY = re.compile(r"[A-Za-z_][A-Za-z0-9_.]{0,127}\Z")
 _SCALAR_KINDS = ("b", "i", "f")
 
 
@@ -70,7 +74,7 @@ def _names(types) -> str:
 
 def _tensor(d: Any, field: str) -> None:
     """A TorchTensor's JSON (``aot.torch_tensor``)."""
-    from .torch_tensor import LAYOUT_NAMES, known_dtype_names
+    from .torch_tensor import LAYOUT_NAMES, itemsize, known_dtype_names
     _need(isinstance(d, dict), field, "expected a tensor description (object)")
     _need(_one_of(d.get("dtype"), known_dtype_names()), f"{field}.dtype", f"unknown dtype {d.get('dtype')!r}")
     shape, strides = d.get("shape"), d.get("strides")
@@ -80,6 +84,13 @@ def _tensor(d: Any, field: str) -> None:
     _need(isinstance(strides, list) and len(strides) == len(shape)
           and all(s is None or _is_int(s) or _size_expr(s) for s in strides),
           f"{field}.strides", f"expected {len(shape)} integer strides, got {strides!r}")
+    _need(len(shape) <= MAX_RANK, f"{field}.shape", f"rank {len(shape)} (at most {MAX_RANK})")
+    _need(all(not _is_int(s) or s >= 0 for s in strides), f"{field}.strides",
+          f"expected strides of 0 or more, got {strides!r:.80}")
+    size = tensor_bytes(shape, strides, itemsize(d["dtype"]))
+    _need(size is None or size <= MAX_TENSOR_BYTES, f"{field}.shape",
+          f"describes {size} bytes (shape {shape!r:.60}, strides {strides!r:.60}), beyond "
+          f"the {MAX_TENSOR_BYTES >> 30} GiB a tensor may span")
     _need(_one_of(d.get("layout", "strided"), LAYOUT_NAMES), f"{field}.layout",
           f"unknown layout {d.get('layout')!r}")
     q = d.get("qparams")
@@ -120,8 +131,8 @@ def _symbols(m: dict, inputs: list) -> None:
     for sym, e in table.items():
         f = f"symbols.{sym}"
         _need(isinstance(e, dict) and _is_int(e.get("min")) and _is_int(e.get("max"))
-              and e["min"] <= e["max"] and isinstance(e.get("binds"), list), f,
-              "expected {name, min, max, example, binds}")
+              and 0 <= e["min"] <= e["max"] and isinstance(e.get("binds"), list), f,
+              "expected {name, min, max, example, binds} with 0 <= min <= max")
         for j, b in enumerate(e["binds"]):
             ok = (isinstance(b, dict) and _is_int(b.get("input")) and _is_int(b.get("dim"))
                   and 0 <= b["input"] < len(inputs) and isinstance(inputs[b["input"]], dict)
@@ -156,6 +167,10 @@ def _leaf(d: Any, field: str, kinds: tuple[str, ...]) -> str:
 def _spec(m: dict, key: str, leaves: int) -> None:
     s = _typed(m, key, str)
     try:
+        check_document(read_json(s, key), key)
+    except ArtifactError as e:
+        raise _Bad(key, f"not a pytree spec within bounds ({e.message})")
+    try:
         n = TreeSpec.loads(s).num_leaves
         if _torch() is not None:  # its pytree also knows every container type named
             from .artifact import load_treespec
@@ -180,8 +195,9 @@ def _constants(m: dict, constants_len: int) -> None:
         _need(isinstance(dtype, torch.dtype), f"{f}.dtype", f"unknown dtype {d.get('dtype')!r}")
         itemsize = dtype.itemsize
         shape = d.get("shape")
-        _need(isinstance(shape, list) and all(_is_int(s) and s >= 0 for s in shape),
-              f"{f}.shape", f"expected a list of sizes, got {shape!r}")
+        _need(isinstance(shape, list) and len(shape) <= MAX_RANK
+              and all(_is_int(s) and s >= 0 for s in shape),
+              f"{f}.shape", f"expected a list of sizes, got {shape!r:.80}")
         off, n = d.get("offset"), d.get("nbytes")
         _need(_is_int(off) and off >= 0 and off % 64 == 0, f"{f}.offset",
               f"expected a 64-byte aligned offset, got {off!r}")
@@ -202,7 +218,11 @@ def _kernel_call(k: Any, f: str) -> None:
     _need(isinstance(k, dict), f, "expected an object")
     for key in ("key", "op", "overload"):
         _need(isinstance(k.get(key), str), f"{f}.{key}", f"expected a string, got {k.get(key)!r}")
-    _need("::" in k["op"], f"{f}.op", f"expected 'namespace::name', got {k['op']!r}")
+    _need(_KEY.match(k["key"]) is not None, f"{f}.key",
+          f"expected a host function name (call_3, call_3.0), got {k['key']!r:.80}")
+    if k["op"] != GROUP_OP:
+        why = name_problem(k["op"], k["overload"])
+        _need(why is None, f"{f}.op", str(why))
     for key in ("inputs", "results"):
         ts = k.get(key)
         _need(isinstance(ts, list), f"{f}.{key}", "expected a list")
@@ -214,6 +234,8 @@ def _kernel_call(k: Any, f: str) -> None:
         g = f"{f}.operands[{j}]"
         _need(isinstance(o, dict) and _one_of(o.get("kind"), _OPERAND_KINDS)
               and isinstance(o.get("name"), str), g, f"expected an operand of kind {_OPERAND_KINDS}")
+        _need(o["name"].isidentifier() and not keyword.iskeyword(o["name"]), f"{g}.name",
+              f"expected an argument name, got {o['name']!r:.80}")
         kind = o["kind"]
         if kind in ("tensor", "scalar"):
             _need(_is_int(o.get("index")) and o["index"] >= 0, f"{g}.index", "expected an index")
@@ -236,6 +258,14 @@ def _kernel_call(k: Any, f: str) -> None:
     _need(isinstance(k.get("result_kinds", ""), str), f"{f}.result_kinds", "expected a string")
     for key in ("scalar_inputs", "members", "output_slots", "constants"):
         _need(isinstance(k.get(key, []), list), f"{f}.{key}", "expected a list")
+    _need(all(_is_int(j) and j >= 0 for j in k.get("output_slots", [])), f"{f}.output_slots",
+          "expected slot indices")
+    _need(all(_one_of(j, _SCALAR_KINDS) for j in k.get("scalar_inputs", [])),
+          f"{f}.scalar_inputs", f"expected scalar kinds {_SCALAR_KINDS}")
+    _need(all(c is None or isinstance(c, str) for c in k.get("constants", [])),
+          f"{f}.constants", "expected constant names or nulls")
+    _need(all(c in "tbif" for c in k.get("result_kinds", "")), f"{f}.result_kinds",
+          "expected result kind letters (t, b, i, f)")
     for j, sub in enumerate(k.get("members", [])):
         _kernel_call(sub, f"{f}.members[{j}]")
 
@@ -278,12 +308,31 @@ def _host_program(m: dict, n_inputs: int) -> None:
         else:
             name = d.get("constant", d.get("state"))
             _need(_one_of(name, consts), f, f"names constant {name!r}, which host_constants lacks")
+            _laid_out(d.get("strides"), consts[name], f"{f}.strides")
     for i, d in enumerate(hp["nodes"]):
         f = f"host_program.nodes[{i}]"
         _need(isinstance(d, dict) and isinstance(d.get("name"), str)
               and isinstance(d.get("target"), str), f, "expected an object with name and target")
+        t = d["target"]
+        why = py_problem(t[3:]) if t.startswith("py:") else name_problem(*t.rpartition(".")[::2])
+        _need(why is None, f"{f}.target", str(why))
         _need(isinstance(d.get("args", []), list), f"{f}.args", "expected a list")
         _need(isinstance(d.get("kwargs", {}), dict), f"{f}.kwargs", "expected an object")
+
+
+def _laid_out(strides, const: Any, field: str) -> None:
+    """A host-program constant's eager strides (it is laid out so at load): one per
+    dimension, none negative, the extent within the bound on a tensor's size."""
+    if strides is None or not isinstance(const, dict):
+        return
+    from .torch_tensor import itemsize
+    shape = const.get("shape") or []
+    _need(isinstance(strides, list) and len(strides) == len(shape)
+          and all(_is_int(x) and x >= 0 for x in strides), field,
+          f"expected {len(shape)} strides of 0 or more")
+    size = tensor_bytes(shape, strides, itemsize(str(const.get("dtype"))))
+    _need(size is not None and size <= MAX_TENSOR_BYTES, field,
+          f"span {size} bytes, beyond the {MAX_TENSOR_BYTES >> 30} GiB a tensor may span")
 
 
 def _checks(m: dict, constants_len: int) -> None:

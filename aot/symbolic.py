@@ -29,7 +29,8 @@ import threading
 
 from .errors import ArtifactError, InputMismatch
 
-__all__ = ["Binding", "evaluate", "free_symbols", "bind_inputs", "is_input_symbol"]
+__all__ = ["Binding", "evaluate", "free_symbols", "bind_inputs", "is_input_symbol", "to_sympy",
+           "MAX_EXPR_CHARS"]
 
 _INPUT_SYMBOL = re.compile(r"s\d+")
 
@@ -70,39 +71,132 @@ _BINOPS = {ast.Add: lambda a, b: a + b, ast.Sub: lambda a, b: a - b,
            ast.Div: lambda a, b: a / b}
 
 
+# the grammar of a size expression: integer (or float) literals, symbols, + - * / // %,
+# a power with a small exponent, and the functions above; nothing else parses
+MAX_EXPR_CHARS = 512
+_MAX_POW = 64
+_NODES = (ast.Expression, ast.BinOp, ast.UnaryOp, ast.Call, ast.Name, ast.Constant, ast.Load,
+          ast.USub, ast.UAdd, *_BINOPS)
+_LIMIT = 2 ** 63
+
+
 @functools.lru_cache(maxsize=4096)
 def _parse(expr: str) -> ast.AST:
+    """``expr`` parsed and checked against the grammar (ArtifactError otherwise)."""
+    if not isinstance(expr, str) or len(expr) > MAX_EXPR_CHARS:
+        raise ArtifactError(f"symbolic size {str(expr)[:40]!r}... is longer than "
+                            f"{MAX_EXPR_CHARS} characters", stage="load")
     try:
-        return ast.parse(expr, mode="eval").body
-    except SyntaxError as e:
+        tree = ast.parse(expr, mode="eval")
+    except (SyntaxError, ValueError, RecursionError, MemoryError) as e:
         raise ArtifactError(f"symbolic size {expr!r} is not an expression: {e}") from None
+    for node in ast.walk(tree):
+        ok = isinstance(node, _NODES)
+        if isinstance(node, ast.Constant):
+            ok = type(node.value) in (int, float) and abs(node.value) < _LIMIT
+        elif isinstance(node, ast.Call):
+            ok = (isinstance(node.func, ast.Name) and node.func.id in _FUNCTIONS
+                  and not node.keywords and 1 <= len(node.args) <= 8)
+        elif isinstance(node, ast.Name):
+            ok = node.id.isidentifier() and not node.id.startswith("_")
+        elif isinstance(node, ast.BinOp) and isinstance(node.op, ast.Pow):
+            # a power's exponent is a small literal (torch prints ``s0**2``)
+            e = node.right
+            ok = (isinstance(e, ast.Constant) and type(e.value) is int
+                  and 0 <= e.value <= _MAX_POW)
+        if not ok:
+            raise ArtifactError(f"symbolic size {expr!r}: {type(node).__name__} is not part "
+                                "of a size expression (integers, symbols, + - * / // %, "
+                                f"small powers, {', '.join(sorted(_FUNCTIONS))})",
+                                stage="load")
+    return tree.body
+
+
+def _bounded(v, expr: str):
+    if v.__class__ is int:
+        if -_LIMIT <= v < _LIMIT:
+            return v
+    elif isinstance(v, float) and math.isfinite(v) and abs(v) < _LIMIT:
+        return v
+    elif isinstance(v, int) and -_LIMIT <= v < _LIMIT:  # bool
+        return v
+    raise ArtifactError(f"symbolic size {expr!r} evaluates beyond int64 ({str(v)[:30]})")
+
+
+def _pow(a, b, expr: str):
+    if not (isinstance(b, int) and 0 <= b <= _MAX_POW) and not (isinstance(a, int)
+                                                                and a in (0, 1)):
+        raise ArtifactError(f"symbolic size {expr!r}: power with exponent {b!r} (at most "
+                            f"{_MAX_POW})")
+    return a ** b
 
 
 def _eval(node: ast.AST, env: dict, expr: str):
-    if isinstance(node, ast.Constant) and isinstance(node.value, (int, float)):
+    if isinstance(node, ast.Constant):
         return node.value
     if isinstance(node, ast.Name):
         if node.id not in env:
             raise ArtifactError(f"symbolic size {expr!r} names {node.id!r}, which no input binds")
-        return env[node.id]
-    if isinstance(node, ast.BinOp) and type(node.op) in _BINOPS:
-        return _BINOPS[type(node.op)](_eval(node.left, env, expr), _eval(node.right, env, expr))
-    if isinstance(node, ast.UnaryOp) and isinstance(node.op, (ast.USub, ast.UAdd)):
+        return _bounded(env[node.id], expr)
+    if isinstance(node, ast.BinOp):
+        a, b = _eval(node.left, env, expr), _eval(node.right, env, expr)
+        if isinstance(node.op, ast.Pow):
+            return _bounded(_pow(a, b, expr), expr)
+        return _bounded(_BINOPS[type(node.op)](a, b), expr)
+    if isinstance(node, ast.UnaryOp):
         v = _eval(node.operand, env, expr)
         return -v if isinstance(node.op, ast.USub) else v
-    if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) \
-            and node.func.id in _FUNCTIONS and not node.keywords:
-        return _FUNCTIONS[node.func.id](*(_eval(a, env, expr) for a in node.args))
-    raise ArtifactError(f"symbolic size {expr!r}: {ast.dump(node)[:60]} is not a size "
-                        "expression this runtime evaluates")
+    assert isinstance(node, ast.Call)  # the grammar (_parse) admits nothing else
+    return _bounded(_FUNCTIONS[node.func.id](*(_eval(a, env, expr) for a in node.args)), expr)
 
 
 def evaluate(d: int | str, env: dict[str, int]) -> int:
-    """The value of a size (an int, or an expression over bound symbols)."""
+    """The value of a size (an int, or an expression over bound symbols).
+
+    Raises:
+        ArtifactError: an expression outside the grammar, a value beyond int64 at any
+            step, or a division by zero.
+    """
     if not isinstance(d, str):
         return d
-    v = _eval(_parse(d), env, d)
-    return int(v)
+    try:
+        v = _eval(_parse(d), env, d)
+        return int(v)
+    except (ZeroDivisionError, OverflowError, ValueError, TypeError) as e:
+        raise ArtifactError(f"symbolic size {d!r} cannot be evaluated: {e}") from None
+
+
+def to_sympy(d: int | str):
+    """A size as a sympy expression, built from the checked grammar (never ``sympify``,
+    which evaluates text as Python)."""
+    import sympy
+    if not isinstance(d, str):
+        return sympy.Integer(d)
+    return _sympy(_parse(d), sympy)
+
+
+def _sympy(node: ast.AST, sympy):
+    if isinstance(node, ast.Constant):
+        return sympy.Integer(node.value) if type(node.value) is int else sympy.Float(node.value)
+    if isinstance(node, ast.Name):
+        return sympy.Symbol(node.id, integer=True, positive=True)
+    if isinstance(node, ast.UnaryOp):
+        v = _sympy(node.operand, sympy)
+        return -v if isinstance(node.op, ast.USub) else v
+    if isinstance(node, ast.BinOp):
+        a, b = _sympy(node.left, sympy), _sympy(node.right, sympy)
+        op = type(node.op)
+        return {ast.Add: lambda: a + b, ast.Sub: lambda: a - b, ast.Mult: lambda: a * b,
+                ast.FloorDiv: lambda: sympy.floor(a / b), ast.Mod: lambda: sympy.Mod(a, b),
+                ast.Pow: lambda: a ** b, ast.Div: lambda: a / b}[op]()
+    args = [_sympy(a, sympy) for a in node.args]
+    f = node.func.id
+    two = {"FloorDiv": lambda a, b: sympy.floor(a / b), "CleanDiv": lambda a, b: sympy.floor(a / b),
+           "CeilDiv": lambda a, b: sympy.ceiling(a / b), "Mod": sympy.Mod, "PythonMod": sympy.Mod,
+           "Max": sympy.Max, "Min": sympy.Min, "IntTrueDiv": lambda a, b: a / b}
+    one = {"floor": sympy.floor, "ceiling": sympy.ceiling, "TruncToInt": sympy.floor,
+           "FloorToInt": sympy.floor, "CeilToInt": sympy.ceiling}
+    return two[f](*args) if f in two else one[f](*args)
 
 
 def free_symbols(d: int | str) -> set[str]:

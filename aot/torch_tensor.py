@@ -17,7 +17,7 @@ from functools import lru_cache
 from typing import TYPE_CHECKING, Any
 
 from .errors import InputMismatch
-from .symbolic import evaluate, free_symbols, is_input_symbol
+from .symbolic import evaluate, free_symbols, is_input_symbol, to_sympy
 
 if TYPE_CHECKING:
     import torch
@@ -34,6 +34,17 @@ DTYPE_NAMES = (
     "float8_e4m3fnuz", "float8_e5m2fnuz", "float8_e8m0fnu", "float4_e2m1fn_x2",
     "bits8", "bits16", "bits1x8", "bits2x4", "bits4x2")
 _DTYPE_SET = frozenset(DTYPE_NAMES)
+_ITEMSIZE = {"bool": 1, "complex32": 4, "complex64": 8, "complex128": 16, "quint8": 1,
+             "qint8": 1, "qint32": 4, "quint4x2": 1, "quint2x4": 1, "bits1x8": 1,
+             "bits2x4": 1, "bits4x2": 1, "float4_e2m1fn_x2": 1}
+
+
+def itemsize(name: str) -> int:
+    """Bytes per element of a dtype named in ``DTYPE_NAMES`` (torch-free)."""
+    if name in _ITEMSIZE:
+        return _ITEMSIZE[name]
+    digits = "".join(c for c in name.split("_")[0] if c.isdigit())
+    return max(1, int(digits) // 8) if digits else 8
 # A quantized tensor crosses into compiled code as its integer representation.
 _STORAGE: dict[str, str] = {"quint8": "uint8", "qint8": "int8", "qint32": "int32"}
 
@@ -141,7 +152,7 @@ def _strides_in_order(shape: tuple, order: tuple[int, ...]) -> tuple:
     strides, acc = [0] * len(shape), sympy.Integer(1)
     for d in order:
         strides[d] = _dim_text(acc)
-        acc = acc * sympy.sympify(shape[d])
+        acc = acc * to_sympy(shape[d])
     return tuple(strides)
 
 
@@ -153,7 +164,7 @@ def _dim_text(e):
 def _symbolic_layout(spec: "TorchTensor", expect: tuple) -> bool:
     """Symbolic strides equal to ``expect`` (size-1 dimensions aside)."""
     import sympy
-    return all(n == 1 or sympy.simplify(sympy.sympify(s) - sympy.sympify(e)) == 0
+    return all(n == 1 or sympy.simplify(to_sympy(s) - to_sympy(e)) == 0
                for s, e, n in zip(spec.strides, expect, spec.shape))
 
 

@@ -7,7 +7,7 @@ and layer norms take a few microseconds each) that overhead is a visible
 share. Like ``torch.fx``'s code generation, this writes the members out once,
 at the group's first call:
 
-    def group_call_7(env):
+    def group_7(env):
         env.append(f0(env[1], c0_1, c0_2))        # member 0: a plain call
         env.extend(f1(env[12], c1_1))             # member 1: several results
         env.append(f2(env))                       # member 2: a prepacked kernel
@@ -17,7 +17,9 @@ at the group's first call:
 
 ``env`` holds the value slots exactly as the interpretive loop does (group
 inputs, then each member's results in turn). Recorded non-tensor operands are
-the decoded values ``BoundCall`` holds, bound as globals; tensor operands of a
+the decoded values ``BoundCall`` holds, bound as globals (the source holds only
+names this module makes, slot numbers and int/bool/None literals: nothing read from
+a manifest is ever source; keyword names are checked to be identifiers); tensor operands of a
 member with quantized operands go through ``adapt`` (quantized tensor or its
 integer storage, as the member expects). An exception names its member: the
 failing line of the generated code is the member's index.
@@ -34,15 +36,19 @@ group with a step of unknown reads keeps every slot.
 
 from __future__ import annotations
 
+import itertools
+import keyword
 import linecache
 import types
 
 import torch
 
+from ..errors import ArtifactError
 from . import static_values
 from .bound import _LIST, _SCALAR, _SIZES, _TENSOR, BoundCall
 
 __all__ = ["GroupFunction", "Member"]
+_serial = itertools.count()
 
 
 class Member:
@@ -92,19 +98,28 @@ def _last_reads(members: list[Member], output_slots) -> dict[int, list[int]]:
     return dead
 
 
+def _slot(s) -> int:
+    """A value slot as the source writes it: an int, nothing else."""
+    if s.__class__ is not int:
+        raise ArtifactError(f"a kernel call group names slot {str(s)[:40]!r}, not an index",
+                            stage="load")
+    return s
+
+
 class GroupFunction:
     """``f(env) -> outputs``: the members of a group, in order, as one Python function."""
 
-    def __init__(self, name: str, members: list[Member], output_slots):
+    def __init__(self, members: list[Member], output_slots):
+        name = f"group_{next(_serial)}"  # a name made here: no manifest text is source
         self.names: dict[str, object] = {"_SEQ": (tuple, list)}
         lines = [f"def {name}(env):"]
         dead = _last_reads(members, output_slots)
         for i, m in enumerate(members):
             stmt = self._statement(i, m)
             if dead.get(i):  # same line: a failing line still names its member
-                stmt += "; " + "; ".join(f"env[{s}] = None" for s in dead[i])
+                stmt += "; " + "; ".join(f"env[{_slot(s)}] = None" for s in dead[i])
             lines.append("    " + stmt)
-        lines.append("    return [" + ", ".join(f"env[{s}]" for s in output_slots) + "]")
+        lines.append("    return [" + ", ".join(f"env[{_slot(s)}]" for s in output_slots) + "]")
         self.source = "\n".join(lines) + "\n"
         self.filename = f"<aot group {name}>"
         # source registered so tracebacks through the generated code show it
@@ -127,6 +142,10 @@ class GroupFunction:
         if m.adapt is not None:
             self.names["adapt"] = m.adapt
         args = [self._const(i, j, v) for j, v in enumerate(b.args)]
+        for k in b.kwargs:  # keyword names become source: identifiers only
+            if not (isinstance(k, str) and k.isidentifier() and not keyword.iskeyword(k)):
+                raise ArtifactError(f"a kernel call's keyword operand {str(k)[:40]!r} is not "
+                                    "an identifier", stage="load")
         kwargs = {k: self._const(i, k, v) for k, v in b.kwargs.items()}
         for where, kind, p in b.fills:
             if kind == _TENSOR:
@@ -153,14 +172,14 @@ class GroupFunction:
     def _const(self, i: int, j, value) -> str:
         if value is None or isinstance(value, bool) or (type(value) is int):
             return repr(value)
-        name = f"c{i}_{j}"
+        name = f"c{i}_{len(self.names)}"  # generated: ``j`` may be a keyword's name
         self.names[name] = value
         return name
 
     def _tensor(self, i: int, m: Member, slot: int) -> str:
         if m.adapt is None:
-            return f"env[{slot}]"
-        name = f"q{i}_{slot}"
+            return f"env[{_slot(slot)}]"
+        name = f"q{i}_{_slot(slot)}"
         self.names[name] = m.slot_specs.get(slot)
         return f"adapt(env[{slot}], {name})"
 

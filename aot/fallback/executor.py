@@ -20,8 +20,9 @@ import torch
 import iree.runtime as rt
 
 from ..errors import ArtifactError, InputMismatch, KernelCallFailed
+from ..op_table import check_kwargs
 from ..symbolic import Binding
-from ..runtime.device import DLPACK_DEVICE, as_storage, sync_torch
+from ..runtime.device import ALIGN, DLPACK_DEVICE, aligned_copy, as_storage, sync_torch
 from ..torch_tensor import dtype_from_name
 from .bound import BoundCall
 from .codegen import GroupFunction, Member
@@ -119,6 +120,10 @@ def _resolve(spec: KernelCallSpec, options: "ExecOptions | None" = None):
     except LookupError as e:
         raise ArtifactError(f"kernel call {spec.key}: {e}", op=spec.qualified_name,
                             location=spec.location) from None
+    why = check_kwargs(op, [o.name for o in spec.operands if o.kwarg_only])
+    if why is not None:
+        raise ArtifactError(f"kernel call {spec.key}: {why}", op=spec.qualified_name,
+                            location=spec.location, stage="load")
     if spec.op in PREPACKED:
         needs, site = PREPACKED[spec.op]
         const = {o.name for o in spec.operands
@@ -126,7 +131,8 @@ def _resolve(spec: KernelCallSpec, options: "ExecOptions | None" = None):
         if all(n in const for n in needs):
             # weights packed on the first call, not on every call
             return site(options.quantized_engine if options is not None else None)
-    if spec.op.startswith(QUANTIZED_NAMESPACE + "::") and spec.overload == "default":
+    if spec.op.startswith(QUANTIZED_NAMESPACE + "::") and spec.overload == "default" \
+            and spec.op.split("::", 1)[1] in IMPLS:
         return IMPLS[spec.op.split("::", 1)[1]]  # the same Python kernel, without the dispatcher
     return op
 
@@ -356,7 +362,7 @@ class _KernelCall:
                 members.append(Member(bound, call=entry_point(bound.op),
                                       adapt=_adapt if self.adapt else None,
                                       slot_specs=slot_specs))
-        return GroupFunction(f"group_{self.spec.key}", members, self.spec.output_slots)
+        return GroupFunction(members, self.spec.output_slots)
 
     def _nhwc_conv(self, bound: BoundCall, weight_constant: bool, slot_specs: dict):
         def step(env):
@@ -412,7 +418,12 @@ class _KernelCall:
         return ptr in self.const_ptrs or any(ptr == _storage_ptr(t) for t in crossing)
 
     def _tensor_result(self, r: torch.Tensor):
-        # dense already (``_dense_result``): shared with IREE as it is
+        # dense already (``_dense_result``): shared with IREE as it is, unless its data is
+        # not ALIGN-byte aligned (a view at an offset into an intermediate: a group ending
+        # in ``t[1:]``): IREE refuses it on the CPU and its CUDA kernels fault on it
+        # (CUDA_ERROR_MISALIGNED_ADDRESS, which poisons the context): copied
+        if r.data_ptr() % ALIGN:
+            r = aligned_copy(r)
         try:
             return self.device.from_dlpack_capsule(
                 _to_dlpack(r.detach() if r.requires_grad else r)).ref

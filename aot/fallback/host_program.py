@@ -25,44 +25,27 @@ more tags: ``{"node": name}`` (the value an earlier node computed) and
 ``{"constant": name}`` (a tensor literal, stored as a host-held constant).
 Targets are ``ns::op.overload`` for ATen/library ops, or ``py:<name>`` for the
 few Python functions export emits on run-time scalars (``operator.add``,
-``torch.sym_max``...): only those in :data:`PY_FUNCTIONS` can be named.
+``torch.sym_max``...): only those in ``aot.op_table.PY_NAMES`` can be named, each
+behind its guard. Every name is checked there at load, before anything runs.
 """
 
 from __future__ import annotations
 
-import math
-import operator
 from typing import Any
 
 import torch
 
 from ..errors import ArtifactError, KernelCallFailed
 from . import static_values
+from ..op_table import check_kwargs, check_py_args, py_function, py_name, py_problem
 from .spec import resolve_op
 
-__all__ = ["HostProgram", "PY_FUNCTIONS", "py_function_name"]
-
-# the Python callables an exported graph applies to run-time scalars
-PY_FUNCTIONS: dict[str, Any] = {
-    **{f"operator.{n}": getattr(operator, n) for n in (
-        "add", "sub", "mul", "truediv", "floordiv", "mod", "pow", "neg", "pos", "abs",
-        "eq", "ne", "lt", "le", "gt", "ge", "and_", "or_", "xor", "not_", "invert",
-        "lshift", "rshift", "getitem", "truth")},
-    **{f"math.{n}": getattr(math, n) for n in (
-        "ceil", "floor", "sqrt", "exp", "log", "sin", "cos", "tan", "trunc", "isnan", "isinf")},
-    **{f"torch.{n}": getattr(torch, n) for n in (
-        "sym_float", "sym_int", "sym_max", "sym_min", "sym_not", "sym_ite", "sym_sqrt",
-        "sym_sum") if hasattr(torch, n)},
-    **{f"builtins.{n}": f for n, f in (("int", int), ("float", float), ("bool", bool),
-                                       ("max", max), ("min", min), ("abs", abs))},
-}
-_PY_NAMES = {id(f): n for n, f in PY_FUNCTIONS.items()}
+__all__ = ["HostProgram", "py_function_name"]
 
 
 def py_function_name(fn) -> str | None:
     """The ``py:`` name of a Python function the host program may call, or None."""
-    name = _PY_NAMES.get(id(fn))
-    return None if name is None else "py:" + name
+    return py_name(fn)
 
 
 class _Ref:
@@ -74,17 +57,26 @@ class _Ref:
         self.slot = slot
 
 
-def _target(name: str):
+def _target(name: str, args) -> Any:
+    """The callable a node names: a guarded ``py:`` function, or an OpOverload
+    (``aot.op_table``). ``args``: its operands, decoded; a ``py:`` node whose operands are
+    all recorded values is checked against its guard here, at load."""
     if name.startswith("py:"):
-        fn = PY_FUNCTIONS.get(name[3:])
-        if fn is None:
-            raise ArtifactError(f"host program names an unknown Python function {name!r}")
-        return fn
+        why = py_problem(name[3:])
+        if why is None and not any(_has_ref(a) for a in args):
+            why = check_py_args(name[3:], tuple(args), {})
+        if why is not None:
+            raise ArtifactError(f"host program: {why}", op=name, stage="load")
+        return py_function(name[3:])
     op, _, overload = name.rpartition(".")
     try:
         return resolve_op(op, overload)
     except LookupError as e:
-        raise ArtifactError(f"host program: {e}", op=name) from None
+        raise ArtifactError(f"host program: {e}", op=name, stage="load") from None
+
+
+def _has_ref(a) -> bool:
+    return a.__class__ is _Ref or (a.__class__ in (list, tuple) and any(map(_has_ref, a)))
 
 
 class HostProgram:
@@ -154,9 +146,16 @@ class HostProgram:
                 self.state_slots.append((s, i["buffer"]))
         self.steps = []
         for n in data["nodes"]:
-            fn = _target(n["target"])
             args = tuple(operand(a) for a in n["args"])
             kwargs = {k: operand(v) for k, v in n["kwargs"].items()}
+            fn = _target(n["target"], args)
+            if kwargs and n["target"].startswith("py:"):
+                raise ArtifactError("host program: a py: function takes no keyword operands",
+                                    op=n["target"], stage="load")
+            if kwargs:
+                why = check_kwargs(fn, kwargs)
+                if why is not None:
+                    raise ArtifactError(f"host program: {why}", op=n["target"], stage="load")
             self.steps.append((slot(n["name"]), fn, args, kwargs, n["target"], n.get("location")))
         self.outputs = [operand(o) for o in data["outputs"]]
         self.buffer_updates = [(k, m["buffer"]) for k, m in enumerate(data.get("mutations", []))

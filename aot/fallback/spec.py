@@ -16,6 +16,7 @@ from typing import Any
 
 import torch
 
+from ..op_table import GROUP_OP
 from ..torch_tensor import TorchTensor
 from . import static_values
 
@@ -25,7 +26,6 @@ __all__ = ["HOST_MODULE", "GROUP_OP", "TensorArg", "TensorListArg", "ScalarArg",
 # The IREE module name kernel calls are imported from (compile side) and that the
 # fallback executor registers (run side).
 HOST_MODULE = "aot_kernels"
-GROUP_OP = "aot::group"  # the op name of a KernelCallSpec that runs a group of ops
 
 
 @dataclass(frozen=True)
@@ -217,14 +217,10 @@ class KernelCallSpec:
 
 
 def resolve_op(op: str, overload: str):
-    """``("aten::add", "Tensor")`` -> ``torch.ops.aten.add.Tensor``, or raise LookupError."""
-    ns, name = op.split("::", 1)
-    try:
-        packet = getattr(getattr(torch.ops, ns), name)
-        return getattr(packet, overload)
-    except (AttributeError, RuntimeError) as e:
-        raise LookupError(f"op {ns}::{name}.{overload} is not registered in this process; "
-                          f"import the library that defines it before loading") from e
+    """``("aten::add", "Tensor")`` -> ``torch.ops.aten.add.Tensor``, or raise LookupError
+    (a name the artifact may not use, or an op not registered here: ``aot.op_table``)."""
+    from ..op_table import resolve
+    return resolve(op, overload)
 
 
 _NO_CUDA_NAMESPACES = ("aot_q", "quantized", "quantized_decomposed")

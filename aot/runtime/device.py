@@ -12,12 +12,18 @@ from typing import TYPE_CHECKING
 
 import iree.runtime as rt
 
-from ..errors import ArtifactError, InputMismatch
+from ..errors import AotError, ArtifactError, InputMismatch
 
 __all__ = ["get_device", "torch_to_buffer_view", "buffer_view_to_torch", "DLPACK_DEVICE",
-           "sync_torch", "cuda_unavailable_reason", "as_storage", "quiet_exit"]
+           "sync_torch", "cuda_unavailable_reason", "as_storage", "quiet_exit", "ALIGN",
+           "aligned_copy"]
 
 DLPACK_DEVICE = {"local-task": 1, "local-sync": 1, "cuda": 2}  # kDLCPU, kDLCUDA
+# IREE imports host memory only at this alignment ("imported heap buffer data must be
+# aligned to 64"); on CUDA it imports any pointer, but its kernels assume the alignment
+# and fault (CUDA_ERROR_MISALIGNED_ADDRESS, the context lost): a tensor whose data
+# pointer is not a multiple of it is copied before it is handed over
+ALIGN = 64
 _devices: dict[str, "rt.HalDevice"] = {}
 _lock = threading.Lock()
 
@@ -62,15 +68,46 @@ def get_device(driver: str) -> "rt.HalDevice":
 
 
 def torch_to_buffer_view(device: "rt.HalDevice", t: "torch.Tensor", name: str) -> "rt.HalBufferView":
-    """Share a dense torch tensor's memory with IREE (no copy)."""
+    """Share a dense torch tensor's memory with IREE (no copy when it is ``ALIGN``-byte
+    aligned; else an aligned copy, which ``CompiledModule`` has already made and counted
+    for its inputs)."""
     import torch.utils.dlpack
     if not t.is_contiguous():
         raise InputMismatch(f"{name}: compiled code needs a dense row-major buffer, got strides "
                             f"{list(t.stride())}")
+    if t.data_ptr() % ALIGN:
+        t = aligned_copy(t)
     try:
         return device.from_dlpack_capsule(torch.utils.dlpack.to_dlpack(t.detach()))
     except Exception as e:
         raise InputMismatch(f"{name}: cannot hand tensor ({t.dtype}, {t.device}) to IREE: {e}") from e
+
+
+def aligned_copy(t: "torch.Tensor") -> "torch.Tensor":
+    """A row-major copy of ``t`` whose data is ``ALIGN``-byte aligned, for IREE to import.
+
+    A contiguous tensor need not be aligned: a view at an offset (``x[1:]``), an array
+    ``np.frombuffer`` read from a file, ``torch.frombuffer(..., offset=4)``. A fresh torch
+    allocation is (c10's CPU allocator aligns to 64 bytes, CUDA's caching allocator to
+    512); where an allocator does not, the copy is placed at an aligned offset of a
+    larger buffer.
+    """
+    import torch
+    c = t.clone(memory_format=torch.contiguous_format)
+    return c if c.data_ptr() % ALIGN == 0 else _copy_at_aligned_offset(t)
+
+
+def _copy_at_aligned_offset(t: "torch.Tensor") -> "torch.Tensor":
+    """``t`` copied into a buffer ``ALIGN`` bytes longer, at its first aligned address."""
+    import torch
+    size = t.element_size()
+    raw = torch.empty(t.numel() + ALIGN // size, dtype=t.dtype, device=t.device)
+    skip = -raw.data_ptr() % ALIGN
+    if skip % size:  # an allocation not even aligned to its element (no allocator does this)
+        raise AotError(f"cannot align a {t.dtype} tensor for IREE: torch allocated it at "
+                       f"{raw.data_ptr():#x}", stage="run")
+    start = skip // size
+    return raw[start:start + t.numel()].view(t.shape).copy_(t)
 
 
 def buffer_view_to_torch(device: "rt.HalDevice", bv: "rt.HalBufferView", driver: str) -> "torch.Tensor":

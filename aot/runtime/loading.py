@@ -6,19 +6,28 @@ tensors in and out, kernel calls into ATen. Without torch, or with
 and out, for an artifact that needs nothing but IREE's runtime. Either way the
 file is validated (``aot.artifact``) and the host checked against the CPU it was
 compiled for (``aot.runtime.host_cpu``) before IREE opens it.
+
+The caller can also require integrity before a byte of the file is parsed: pin the
+whole file's SHA-256 (``sha256=``), verify its signature (``verify=`` a public key;
+``aot.signing``), refuse the legacy formats that have no whole-file digest
+(``legacy=False``). See docs/security.md.
 """
 
 from __future__ import annotations
 
-from ..artifact import load_artifact
+import re
+
+from ..artifact import CompiledArtifact, load_artifact
 from ..errors import ArtifactError
 from ..manifest_check import reading
 
-__all__ = ["load", "ARRAYS"]
+__all__ = ["load", "read_artifact", "ARRAYS"]
 ARRAYS = ("torch", "numpy")
 
 
-def load(path: str, *, strict_layout: bool = False, arrays: str | None = None):
+def load(path: str, *, strict_layout: bool = False, arrays: str | None = None,
+         sha256: str | None = None, legacy: bool = True, verify: str | None = None,
+         signature: str | None = None):
     """Load an artifact written by ``CompiledModule.save`` / ``aot compile``.
 
     Needs ``iree-base-runtime`` (never ``iree.compiler``), and torch unless the
@@ -30,16 +39,27 @@ def load(path: str, *, strict_layout: bool = False, arrays: str | None = None):
         arrays: ``"torch"`` (a CompiledModule: tensors in and out) or ``"numpy"`` (a
             NumpyModule: numpy arrays in and out, no torch needed). Default: torch
             where it can be imported, else numpy.
+        sha256: the whole file's SHA-256 (hex, as ``aot compile`` / ``aot report``
+            print it): any other file is refused before it is parsed.
+        legacy: ``False`` refuses format versions 1 and 2 (no whole-file digest).
+        verify: a public key (PEM file): the file must carry a valid signature by its
+            private key (``aot sign``), checked before it is parsed; needs
+            ``pip install 'aot[signing]'``. With ``sha256`` too, the signed file must
+            be the pinned one.
+        signature: the signature file (default ``path + ".sig"``); only with ``verify``.
     Raises:
         ArtifactError: missing, corrupt, truncated or incompatible file; compiled for
             a CPU this machine is not (architecture or features, both named); with
-            numpy, an artifact that needs torch at run time (what needs it, named).
+            numpy, an artifact that needs torch at run time (what needs it, named);
+            not the pinned file, a malformed pin, a missing or bad signature, a legacy
+            format with ``legacy=False``.
     """
     if arrays is None:
         arrays = "torch" if _has_torch() else "numpy"
     if arrays not in ARRAYS:
         raise ArtifactError(f"arrays={arrays!r}: choose one of {list(ARRAYS)}", stage="load")
-    art = load_artifact(path)
+    art = read_artifact(path, sha256=sha256, legacy=legacy, verify=verify,
+                        signature=signature)
     if arrays == "numpy":
         from .numpy_module import NumpyModule
         return reading(path, "opening the module",
@@ -50,6 +70,31 @@ def load(path: str, *, strict_layout: bool = False, arrays: str | None = None):
     from .module import CompiledModule
     return reading(path, "opening the module",
                    lambda: CompiledModule(art, strict_layout=strict_layout))
+
+
+def read_artifact(path: str, *, sha256: str | None = None, legacy: bool = True,
+                  verify: str | None = None, signature: str | None = None) -> CompiledArtifact:
+    """The artifact at ``path``, read and validated (``aot.artifact.load_artifact``)
+    after the integrity checks ``load`` describes (same arguments and errors)."""
+    if signature is not None and verify is None:
+        raise ArtifactError("signature= is checked only with verify=PUBLIC_KEY (the public "
+                            "key to verify it with)", stage="load")
+    pin = sha256
+    if verify is not None:
+        from ..signing import verify as verify_signature
+        if sha256 is not None and not _HEX64.fullmatch(str(sha256)):
+            load_artifact(path, sha256=sha256)  # refuses the malformed pin, file unopened
+        signed = verify_signature(path, verify, signature)
+        if sha256 is not None and sha256.lower() != signed:
+            raise ArtifactError(f"{path!r}: its signature vouches for a file with SHA-256 "
+                                f"{signed[:16]}…, not the pinned {sha256.lower()[:16]}…",
+                                stage="load")
+        # the bytes parsed are the bytes that verified, even if the file changed since
+        pin = signed
+    return load_artifact(path, sha256=pin, legacy=legacy)
+
+
+_HEX64 = re.compile(r"[0-9a-fA-F]{64}")
 
 
 def _has_torch() -> bool:

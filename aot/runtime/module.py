@@ -27,8 +27,8 @@ from ..fallback.spec import KernelCallSpec
 from ..torch_tensor import TorchTensor, dtype_from_name
 from ..treespec import structure_error
 from .host_cpu import host_problem
-from .device import (as_storage, buffer_view_to_torch, get_device, quiet_exit, sync_torch,
-                     torch_to_buffer_view)
+from .device import (ALIGN, aligned_copy, as_storage, buffer_view_to_torch, get_device,
+                     quiet_exit, sync_torch, torch_to_buffer_view)
 
 __all__ = ["CompiledModule"]
 log = logging.getLogger(__name__)
@@ -43,7 +43,10 @@ class CompiledModule:
         strict_layout: refuse (``InputMismatch``) an input whose memory layout
             is not the compiled one; by default it is converted (a copy, counted
             in ``layout_conversions``, warned about once), as eager accepts any
-            strides. Settable on the module.
+            strides. Settable on the module. A row-major input whose data is not
+            64-byte aligned (``x[1:]``, ``np.frombuffer``) is copied into an aligned
+            buffer (IREE imports no other) and counted there too, strict or not:
+            alignment is no layout its strides show.
     Raises:
         ArtifactError: the artifact's device cannot be opened, or a kernel
             call's op is not registered in this process.
@@ -214,14 +217,26 @@ class CompiledModule:
         got = TorchTensor.from_tensor(leaf)
         if got.memory_format == want.memory_format and want.memory_format != "strided":
             return  # the same layout (size-1 dims' strides aside)
+        self._copied(f"{name}: compiled for {want.memory_format} (strides "
+                     f"{list(want.strides)}), given {got.memory_format} (strides "
+                     f"{list(got.strides)}): converted on every such call (counted in "
+                     "layout_conversions; strict_layout=True refuses instead)")
+
+    def _aligned(self, t: torch.Tensor, name: str) -> torch.Tensor:
+        """An aligned copy of a row-major input whose data is not ``ALIGN``-byte aligned
+        (counted). IREE imports no other memory; the strides are the compiled ones, so
+        ``strict_layout`` copies it too rather than refuse what the user cannot see."""
+        self._copied(f"{name}: its data (at {t.data_ptr():#x}) is not {ALIGN}-byte aligned, "
+                     "as IREE needs: copied into an aligned buffer on every such call "
+                     "(counted in layout_conversions, also under strict_layout=True)")
+        return aligned_copy(t)
+
+    def _copied(self, message: str) -> None:
+        """Count an input copy; the first of this module's is warned about."""
         self.layout_conversions += 1
         if not self._warned_layout:
             self._warned_layout = True
-            warnings.warn(f"{name}: compiled for {want.memory_format} (strides "
-                          f"{list(want.strides)}), given {got.memory_format} (strides "
-                          f"{list(got.strides)}): converted on every such call (counted in "
-                          "layout_conversions; strict_layout=True refuses instead)",
-                          stacklevel=5)
+            warnings.warn(message, stacklevel=6)  # the caller of CompiledModule.__call__
 
     def _program_inputs(self, flat) -> list:
         """The caller's leaves as the host program takes them (quantized: storage form)."""
@@ -249,7 +264,9 @@ class CompiledModule:
 
     def _dense_inputs(self, flat, inputs: list) -> list[torch.Tensor]:
         """Check every input against ``inputs`` (this call's specs); the tensors as
-        compiled code holds them (dense, storage form), none for a host program."""
+        compiled code holds them (dense, storage form, aligned for IREE), none for a
+        host program. A copy for another layout than the compiled one, or for
+        alignment, is counted in ``layout_conversions``."""
         dense = []
         for leaf, want, name in zip(flat, inputs, self.input_names):
             if isinstance(want, TorchTensor):
@@ -266,7 +283,12 @@ class CompiledModule:
                 # input in another layout than the compiled one (counted, warned once)
                 if leaf.stride() != want.strides:
                     self._converted(leaf, want, name)
-                dense.append(want.to_storage(leaf, name).contiguous())
+                t = want.to_storage(leaf, name).contiguous()
+                # row-major but unaligned (a view at an offset, np.frombuffer): IREE
+                # imports only aligned memory (the direct call runs ATen, which does not care)
+                if t.data_ptr() % ALIGN and self._direct is None:
+                    t = self._aligned(t, name)
+                dense.append(t)
             else:
                 static_values.check_given(leaf, want[1], name)
         return dense

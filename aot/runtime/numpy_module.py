@@ -45,7 +45,9 @@ class NumpyModule:
         artifact: a CompiledArtifact (``aot.load(path, arrays="numpy")``).
         strict_layout: refuse (``InputMismatch``) an input array in another memory
             layout than the compiled one (a transposed view, channels-last); by
-            default it is copied row-major (counted in ``layout_conversions``).
+            default it is copied row-major (counted in ``layout_conversions``). A
+            row-major array whose data is not 64-byte aligned is copied and counted
+            too, strict or not (as ``CompiledModule`` does).
     Raises:
         ArtifactError: the artifact needs torch at run time (the message says what
             needs it), or its device cannot be opened.
@@ -127,14 +129,22 @@ class NumpyModule:
         row-major and 64-byte aligned, else a row-major copy)."""
         want.check_array(a, name, self.strict_layout)
         if not a.flags.c_contiguous:
-            self.layout_conversions += 1
-            if self.layout_conversions == 1:
-                warnings.warn(f"{name}: not row-major (strides {list(a.strides)} bytes): copied "
-                              "on every such call (counted in layout_conversions; "
-                              "strict_layout=True refuses instead)", stacklevel=4)
+            self._copied(f"{name}: not row-major (strides {list(a.strides)} bytes): copied "
+                         "on every such call (counted in layout_conversions; "
+                         "strict_layout=True refuses instead)")
+        elif a.size and a.ctypes.data % _ALIGN:  # as CompiledModule counts it
+            self._copied(f"{name}: its data (at {a.ctypes.data:#x}) is not {_ALIGN}-byte "
+                         "aligned, as IREE needs: copied on every such call (counted in "
+                         "layout_conversions, also under strict_layout=True)")
         if a.flags.c_contiguous and a.flags.writeable and a.size and a.ctypes.data % _ALIGN == 0:
             return self.device.from_dlpack_capsule(a.__dlpack__())  # (DLPack: writable only)
         return rt.asdevicearray(self.device, np.ascontiguousarray(a))._buffer_view
+
+    def _copied(self, message: str) -> None:
+        """Count an input copy; the first of this module's is warned about."""
+        self.layout_conversions += 1
+        if self.layout_conversions == 1:
+            warnings.warn(message, stacklevel=4)  # the caller of NumpyModule.__call__
 
     def _array(self, results, i: int, spec: TorchTensor) -> np.ndarray:
         bv = results.get_as_object(i, rt.HalBufferView)

@@ -10,6 +10,7 @@ import pytest
 import torch
 
 import aot
+from artifact_edit import rewrite, sections, setter
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -123,14 +124,6 @@ def test_incompatible_version(saved, tmp_path):
 
 # -- every byte covered ------------------------------------------------------------------
 
-def _sections(data: bytes) -> tuple[int, int]:
-    """(start, end) of the manifest bytes in a version-3 file."""
-    import struct
-    pos = 7 + 4 + 32
-    (n,) = struct.unpack_from("<Q", data, pos)
-    return pos + 8, pos + 8 + n
-
-
 @pytest.fixture(scope="module")
 def small(tmp_path_factory):
     """A small artifact: compiled code, a kernel call, a host-held constant, a static input."""
@@ -156,7 +149,7 @@ def test_every_manifest_byte_and_a_sample_of_the_rest_is_covered(small, tmp_path
     ArtifactError at load (never a load that succeeds, never another exception)."""
     path, _, _ = small
     data = open(path, "rb").read()
-    start, end = _sections(data)
+    start, end = sections(data)
     where = list(range(start, end)) + [i for i in range(0, len(data), 97)
                                        if not start <= i < end] + [len(data) - 1]
     bad = str(tmp_path / "bad.aot")
@@ -171,32 +164,6 @@ def test_every_manifest_byte_and_a_sample_of_the_rest_is_covered(small, tmp_path
             outcomes[i] = str(e).split(":")[-1].strip()[:40]
     assert len(where) > 1000
     assert not [i for i, o in outcomes.items() if o == "loaded"]
-
-
-def _rewrite(path: str, dst: str, edit) -> str:
-    """The artifact at ``path`` with its manifest edited by ``edit`` and checksummed again
-    (a hand-edited file, not a corrupt one)."""
-    import hashlib
-    import json
-    import struct
-    data = open(path, "rb").read()
-    start, end = _sections(data)
-    manifest = json.loads(data[start:end])
-    edit(manifest)
-    body = json.dumps(manifest).encode()
-    rest = struct.pack("<Q", len(body)) + body + data[end:]
-    with open(dst, "wb") as f:
-        f.write(data[:11] + hashlib.sha256(rest).digest() + rest)
-    return dst
-
-
-def _set(path, value):
-    def edit(m):
-        obj = m
-        for k in path[:-1]:
-            obj = obj[k]
-        obj[path[-1]] = value
-    return edit
 
 
 @pytest.mark.parametrize("field,value,named", [
@@ -214,7 +181,7 @@ def _set(path, value):
     (("vmfb_sha256",), "abc", "vmfb_sha256"),
 ], ids=lambda v: str(v) if isinstance(v, str) else None)
 def test_hand_edited_manifest_names_the_field(small, tmp_path, field, value, named):
-    bad = _rewrite(small[0], str(tmp_path / "edited.aot"), _set(field, value))
+    bad = rewrite(small[0], str(tmp_path / "edited.aot"), setter(field, value))
     with pytest.raises(aot.ArtifactError, match="malformed manifest field " + re.escape(named)):
         aot.load(bad)
 
@@ -223,7 +190,7 @@ def test_hand_edited_constant_offset_outside_the_blob(small, tmp_path):
     def edit(m):
         name = next(iter(m["host_constants"]))
         m["host_constants"][name]["offset"] = 1 << 20
-    bad = _rewrite(small[0], str(tmp_path / "edited.aot"), edit)
+    bad = rewrite(small[0], str(tmp_path / "edited.aot"), edit)
     with pytest.raises(aot.ArtifactError, match=r"host_constants\..*offset"):
         aot.load(bad)
 
@@ -257,7 +224,7 @@ def test_every_leaf_of_the_manifest_replaced_is_an_artifact_error_or_harmless(
     import json
     path, m, x = request.getfixturevalue(which)
     data = open(path, "rb").read()
-    start, end = _sections(data)
+    start, end = sections(data)
     manifest = json.loads(data[start:end])
     with torch.no_grad():
         want = m(x, 0.5)
@@ -277,7 +244,7 @@ def test_every_leaf_of_the_manifest_replaced_is_an_artifact_error_or_harmless(
     failures = []
     for p in paths:
         for value in ([["?"]], "?"):
-            bad = _rewrite(path, str(tmp_path / "leaf.aot"), _set(p, value))
+            bad = rewrite(path, str(tmp_path / "leaf.aot"), setter(p, value))
             try:
                 cm = aot.load(bad)
                 got = cm(x, 0.5)
