@@ -35,7 +35,7 @@ from __future__ import annotations
 import hashlib
 import json
 import struct
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from .errors import ArtifactError
@@ -65,9 +65,12 @@ class CompiledArtifact:
     vmfb: bytes
     manifest: dict[str, Any]
     constants: bytes = b""
+    # set by load_artifact, which has validated these very objects against the file
+    _validated: bool = field(default=False, repr=False, compare=False)
 
     def __post_init__(self):
-        _validate(self.manifest, self.vmfb, "<in memory>", self.constants)
+        if not self._validated:
+            _validate(self.manifest, self.vmfb, "<in memory>", self.constants)
 
     def to_bytes(self) -> bytes:
         manifest = json.dumps({**self.manifest, "format_version": FORMAT_VERSION},
@@ -204,7 +207,7 @@ def load_artifact(path: str, *, sha256: str | None = None,
         constants, rest = _read_section(data, pos, path, "constants")
     vmfb = data[rest:]
     _validate(manifest, vmfb, path, constants)
-    return CompiledArtifact(vmfb, manifest, constants)
+    return CompiledArtifact(vmfb, manifest, constants, _validated=True)
 
 
 def _read_section(data: bytes, pos: int, path: str, what: str) -> tuple[bytes, int]:

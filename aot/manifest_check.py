@@ -171,7 +171,13 @@ def _spec(m: dict, key: str, leaves: int) -> None:
     except ArtifactError as e:
         raise _Bad(key, f"not a pytree spec within bounds ({e.message})")
     try:
-        n = TreeSpec.loads(s).num_leaves
+        tree = TreeSpec.loads(s)
+    except Exception as e:  # noqa: BLE001
+        raise _Bad(key, f"not a pytree spec ({type(e).__name__}: {e})")
+    why = tree.import_problem()
+    _need(why is None, key, f"holds {why}")
+    try:
+        n = tree.num_leaves
         if _torch() is not None:  # its pytree also knows every container type named
             from .artifact import load_treespec
             load_treespec(s)

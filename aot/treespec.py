@@ -21,6 +21,8 @@ from typing import Any
 
 __all__ = ["TreeSpec", "structure_error"]
 
+# the defaultdict factories torch's pytree may import (any other names a module)
+_FACTORIES = ("list", "dict", "set", "int", "float", "str", "tuple")
 _PLAIN = {"builtins.tuple": tuple, "builtins.list": list, "builtins.dict": dict,
           "builtins.NoneType": type(None)}
 
@@ -56,7 +58,8 @@ class TreeSpec:
             return TreeSpec(None, None, ())
         if not isinstance(kind, str):
             raise ValueError(f"node type {kind!r} is not a name")
-        context = json.loads(d["context"]) if isinstance(d.get("context"), str) else None
+        context = d.get("context")  # JSON text, or (a defaultdict's) an object as it is
+        context = json.loads(context) if isinstance(context, str) else context
         if kind == "builtins.dict" and (not isinstance(context, list)
                                         or len(context) != len(children)):
             raise ValueError(f"dict keys {context!r} do not match its {len(children)} children")
@@ -77,6 +80,32 @@ class TreeSpec:
         out: list = []
         self._flatten(value, out)
         return out
+
+    def import_problem(self) -> str | None:
+        """Why torch's pytree must not read this spec, or None. Its reader imports
+        modules a spec names: a ``collections.defaultdict``'s ``default_factory``
+        (``importlib.import_module`` of any module), an ``Enum`` key in a context
+        (``{"__enum__": ..., "fqn": "module:Class"}``). Only builtin factories and no
+        enum keys are read (iteratively: a deep spec cannot exhaust the stack)."""
+        stack: list[Any] = [self]
+        while stack:
+            node = stack.pop()
+            if isinstance(node, TreeSpec):
+                if node.type == "collections.defaultdict":
+                    c = node.context if isinstance(node.context, dict) else {}
+                    factory = (c.get("default_factory_module"), c.get("default_factory_name"))
+                    if factory[0] != "builtins" or factory[1] not in _FACTORIES:
+                        return (f"a defaultdict whose default_factory is {factory[0]}."
+                                f"{factory[1]} (only builtins {', '.join(_FACTORIES)} are read)")
+                stack.extend(node.children)
+                stack.append(node.context)
+            elif isinstance(node, dict):
+                if "__enum__" in node:
+                    return f"an Enum key ({str(node.get('fqn'))[:60]}), which names a module"
+                stack.extend(node.values())
+            elif isinstance(node, list):
+                stack.extend(node)
+        return None
 
     def _flatten(self, value: Any, out: list) -> None:
         if self.type is None:

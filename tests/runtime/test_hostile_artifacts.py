@@ -232,6 +232,24 @@ def test_py_function_guard_at_run_time():
     assert py_function("operator.floordiv")(7, 2) == 3
 
 
+_LEAF = {"type": None, "context": None, "children_spec": []}
+
+
+@pytest.mark.parametrize("node", [
+    # torch's pytree reader imports a defaultdict's default_factory module...
+    {"type": "collections.defaultdict", "children_spec": [_LEAF],
+     "context": {"default_factory_module": SENTINEL_MODULE, "default_factory_name": "x",
+                 "dict_context": ["a"]}},
+    # ...and the module of an Enum key in a context
+    {"type": "builtins.dict", "children_spec": [_LEAF],
+     "context": json.dumps([{"__enum__": True, "fqn": f"{SENTINEL_MODULE}:E", "name": "A"}])},
+], ids=["defaultdict-factory", "enum-key"])
+def test_pytree_spec_cannot_import_a_module(grouped, watched, node):
+    bad = rewrite(grouped[0], str(watched["tmp"] / "a.aot"),
+                  setter(("out_spec",), json.dumps([1, node])))
+    _refused(bad, "out_spec: holds")
+
+
 def test_custom_namespace_must_be_registered(grouped, watched):
     bad = rewrite(grouped[0], str(watched["tmp"] / "a.aot"),
                   setter(("kernel_calls", 0, "members", 1, "op"), "not_imported_lib::gelu"))
