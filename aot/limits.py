@@ -56,22 +56,24 @@ def field_name(path: tuple) -> str:
 
 def check_document(doc: Any, what: str, max_depth: int = MAX_JSON_DEPTH) -> None:
     """Raise ``ArtifactError`` if ``doc`` (parsed JSON) nests deeper than ``max_depth``,
-    holds an integer outside int64, a non-finite float where JSON has none, or a
-    string with a control character (other than tab and newline). Iterative: a deep
-    document cannot exhaust the stack here."""
+    holds an integer outside int64, or a string (or key) with a control character
+    other than tab, newline and carriage return. Iterative: a deep document cannot
+    exhaust the stack here."""
     stack: list[tuple[Any, int, tuple]] = [(doc, 0, ())]
     pop, push = stack.pop, stack.append
     while stack:
         v, depth, path = pop()
         cls = v.__class__
-        if cls is dict:
+        if cls is dict or cls is list:
             if depth >= max_depth:
                 raise ArtifactError(f"{what}: {field_name(path)} nests deeper than "
                                     f"{max_depth} levels", stage="load")
-            for k, x in v.items():
-                if _CONTROL.search(k):
-                    raise ArtifactError(f"{what}: {field_name(path)} has a key with a control "
-                                        f"character: {k!r:.80}", stage="load")
+            if cls is dict:
+                for k in v:
+                    if _CONTROL.search(k):
+                        raise ArtifactError(f"{what}: {field_name(path)} has a key with a "
+                                            f"control character: {k!r:.80}", stage="load")
+            for k, x in (v.items() if cls is dict else enumerate(v)):
                 xc = x.__class__
                 if xc is dict or xc is list:
                     push((x, depth + 1, path + (k,)))
@@ -81,20 +83,6 @@ def check_document(doc: Any, what: str, max_depth: int = MAX_JSON_DEPTH) -> None
                 elif xc is int:
                     if not -INT64_MAX - 1 <= x <= INT64_MAX:
                         _bad_int(what, path + (k,), x)
-        elif cls is list:
-            if depth >= max_depth:
-                raise ArtifactError(f"{what}: {field_name(path)} nests deeper than "
-                                    f"{max_depth} levels", stage="load")
-            for i, x in enumerate(v):
-                xc = x.__class__
-                if xc is dict or xc is list:
-                    push((x, depth + 1, path + (i,)))
-                elif xc is str:
-                    if _CONTROL.search(x):
-                        _bad_string(what, path + (i,), x)
-                elif xc is int:
-                    if not -INT64_MAX - 1 <= x <= INT64_MAX:
-                        _bad_int(what, path + (i,), x)
         elif cls is str and _CONTROL.search(v):
             _bad_string(what, path, v)
         elif cls is int and not -INT64_MAX - 1 <= v <= INT64_MAX:
