@@ -105,10 +105,10 @@ def _parse(expr: str) -> ast.AST:
             ok = (isinstance(e, ast.Constant) and type(e.value) is int
                   and 0 <= e.value <= _MAX_POW)
         if not ok:
-            raise ArtifactError(f"symbolic size {expr!r}: {type(node).__name__} is not part "
-                                "of a size expression (integers, symbols, + - * / // %, "
-                                f"small powers, {', '.join(sorted(_FUNCTIONS))})",
-                                stage="load")
+            raise ArtifactError(f"symbolic size {expr[:80]!r}: a {type(node).__name__} is not "
+                                "a size expression this runtime evaluates (integers, symbols, "
+                                "+ - * / // %, a power with a literal exponent up to "
+                                f"{_MAX_POW}, {', '.join(sorted(_FUNCTIONS))})", stage="load")
     return tree.body
 
 
