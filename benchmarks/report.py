@@ -14,9 +14,21 @@ __all__ = ["machine_info", "publish", "speedups", "table_head"]
 def machine_info(extra: str = "") -> str:
     """One line: architecture, cores, CPU, torch and its thread count (``extra`` after)."""
     info = (f"machine: {platform.machine()} {os.cpu_count()} cores "
-            f"({platform.processor() or 'cpu'}), torch {torch.__version__}, "
+            f"({platform.processor() or _cpu_name()}), torch {torch.__version__}, "
             f"{torch.get_num_threads()} threads")
     return f"{info}, {extra}" if extra else info
+
+
+def _cpu_name() -> str:
+    """The CPU's model name (Linux), or ``cpu``."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return "cpu"
 
 
 def publish(out: str | None, text: str, info: str, rows: list) -> None:
