@@ -178,6 +178,10 @@ def _conv_run(packed, x, x_scale, x_zp, out_scale, out_zp, relu):
 
 def _conv2d(x, w, w_scales, w_zps, axis, bias, stride, padding, dilation, groups,
             x_scale, x_zp, out_scale, out_zp, relu):
+    if _saturates(x):
+        return _conv_reference(_conv2d_f32_pack(w, w_scales, w_zps, axis, bias), x, stride,
+                               padding, dilation, groups, x_scale, x_zp, out_scale, out_zp,
+                               relu)
     packed = _conv_pack(w, w_scales, w_zps, axis, bias, stride, padding, dilation, groups)
     return _conv_run(packed, x, x_scale, x_zp, out_scale, out_zp, relu)
 
@@ -192,8 +196,59 @@ def _linear_run(packed, x, x_scale, x_zp, out_scale, out_zp, relu):
 
 
 def _linear(x, w, w_scales, w_zps, axis, bias, x_scale, x_zp, out_scale, out_zp, relu):
+    if _saturates(x):
+        return _linear_reference(_conv2d_f32_pack(w, w_scales, w_zps, axis, bias), x, x_scale,
+                                 x_zp, out_scale, out_zp, relu)
     return _linear_run(_linear_pack(w, w_scales, w_zps, axis, bias), x, x_scale, x_zp,
                        out_scale, out_zp, relu)
+
+
+# --- where ATen's int8 kernels saturate ----------------------------------------------------
+# fbgemm's and oneDNN's u8 x s8 kernels on a CPU without VNNI multiply with ``vpmaddubsw``,
+# which sums each pair of products in int16 and saturates: an activation above 127 beside
+# a weight near -128 or 127 overflows it (measured on an AVX2 EPYC: a 3x3x16 convolution
+# of full-range activations off by 35,000 in the accumulator). Eager-mode x86/fbgemm
+# qconfigs keep activations to 7 bits (``reduce_range``) and never reach it; a PT2E graph
+# quantizes to the full 8 bits, and its converted model computes in float on the
+# dequantized values. There, a call whose activation holds a value above 127 runs that
+# float math instead (bit-exact with the converted model), and the others ATen's kernel.
+
+def _saturates(x: torch.Tensor) -> bool:
+    """ATen's kernel under the current engine would saturate on ``x``'s integers here."""
+    if torch.backends.quantized.engine == "qnnpack" or _cpu_has("avx512_vnni"):
+        return False
+    return bool((x.int_repr() if x.is_quantized else x).max() > 127) if x.numel() else False
+
+
+@functools.cache
+def _cpu_has(flag: str) -> bool:
+    """``flag`` among the CPU's (Linux ``/proc/cpuinfo``; elsewhere: unknown, False)."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            return any(line.startswith("flags") and flag in line.split() for line in f)
+    except OSError:
+        return False
+
+
+def _requantized(y: torch.Tensor, like: torch.Tensor, scale: float, zp: int,
+                 relu: bool) -> torch.Tensor:
+    """A float result quantized as ``quantized_decomposed.quantize_per_tensor`` does
+    (multiplying by the reciprocal scale), to ``like``'s form (quantized, or uint8)."""
+    if relu:
+        y = torch.relu(y)
+    q = torch.clamp(torch.round(y * (1.0 / scale)) + zp, 0, 255).to(torch.uint8)
+    return torch._make_per_tensor_quantized_tensor(q, scale, zp) if like.is_quantized else q
+
+
+def _conv_reference(packed_f32, x, stride, padding, dilation, groups, x_scale, x_zp,
+                    out_scale, out_zp, relu):
+    y = _conv2d_f32_run(packed_f32, x, stride, padding, dilation, groups, x_scale, x_zp)
+    return _requantized(y, x, out_scale, out_zp, relu)
+
+
+def _linear_reference(packed_f32, x, x_scale, x_zp, out_scale, out_zp, relu):
+    return _requantized(_linear_f32_run(packed_f32, x, x_scale, x_zp), x, out_scale, out_zp,
+                        relu)
 
 
 def _quantize(x, scale, zp):
@@ -359,12 +414,7 @@ def _x86_picks_onednn_here() -> bool:
     oneDNN in this build, a CPU with AVX512-VNNI (read from /proc/cpuinfo)."""
     if not sys.platform.startswith("linux") or not torch.backends.mkldnn.is_available():
         return False
-    try:
-        with open("/proc/cpuinfo") as f:
-            return any(line.startswith("flags") and "avx512_vnni" in line.split()
-                       for line in f)
-    except OSError:
-        return False
+    return _cpu_has("avx512_vnni")
 
 
 @contextlib.contextmanager
@@ -390,9 +440,15 @@ class _PrepackedSite:
     _pack = _run = None  # set by subclasses: (weight operands) -> packed; (packed, rest) -> out
 
     def __init__(self, engine: str | None = None):
-        self.packed, self.engine = None, engine
+        self.packed, self.engine, self.packed_f32 = None, engine, None
+
+    _reference = None  # requantizing sites: (float packing, x, *rest) -> out (``_saturates``)
 
     def __call__(self, x, w, w_scales, w_zps, axis, bias, *rest):
+        if self._reference is not None and _saturates(x):
+            if self.packed_f32 is None:
+                self.packed_f32 = _conv2d_f32_pack(w, w_scales, w_zps, axis, bias)
+            return self._reference(self.packed_f32, x, *rest)
         if self.packed is None:
             self.packed = self._pack_with_engine(w, w_scales, w_zps, axis, bias,
                                                  *self._pack_extra(rest))
@@ -413,6 +469,7 @@ class _PrepackedSite:
 
 class _ConvSite(_PrepackedSite):
     _pack, _run = staticmethod(_conv_pack), staticmethod(_conv_run)
+    _reference = staticmethod(_conv_reference)
 
     @staticmethod
     def _pack_extra(rest):
@@ -425,6 +482,7 @@ class _ConvSite(_PrepackedSite):
 
 class _LinearSite(_PrepackedSite):
     _pack, _run = staticmethod(_linear_pack), staticmethod(_linear_run)
+    _reference = staticmethod(_linear_reference)
 
 
 # op -> (constant operands it needs, factory of a per-site callable)

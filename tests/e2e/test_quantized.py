@@ -265,7 +265,9 @@ def test_pt2e_quantized_decomposed_ops_compile():
             return qd.dequantize_per_tensor.default(q, 0.02, 3, 0, 255, torch.uint8) + 1
 
     m, x = M(), torch.randn(2, 16)
-    cm = aot.compile(m, (x,))
+    # coverage: what is tested is that they compile (the default placement may measure
+    # this tiny program faster as one ATen region, as it did on a 2-core AVX2 EPYC)
+    cm = aot.compile(m, (x,), placement="coverage")
     assert not kernel_call_ops(cm.manifest)  # decomposed and compiled
     torch.testing.assert_close(cm(x), m(x), rtol=0, atol=0.02 + 1e-6)
     torch.testing.assert_close(aot.compile(m, (x,), fallback="all")(x), m(x), rtol=0, atol=0)
