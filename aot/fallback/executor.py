@@ -30,7 +30,7 @@ from .entry_points import entry_point
 from .cuda_graph import GraphedRegion
 from .layout import CONV_OPS, ChannelsLast, has_conv, layout_safe
 from .prepack import DEFERRED, plan_fusions
-from .quantized_ops import IMPLS, PREPACKED, packing_engine_available
+from .quantized_ops import FLOAT_MATH_IMPLS, IMPLS, PREPACKED, packing_engine_available
 from .quantized_ops import NAMESPACE as QUANTIZED_NAMESPACE
 from .spec import (HOST_MODULE, KernelCallSpec, StaticArg, TensorArg, lacks_cuda_kernel,
                    resolve_op)
@@ -77,16 +77,21 @@ class ExecOptions:
     fused kernel (``aot.fallback.prepack``). ``quantized_engine``: the engine
     recorded at compile for a program with quantized ops: weights are packed with it
     and calls run under it (``aot.fallback.quantized_ops.compile_engine``).
+    ``int8_float_math``: a PT2E program, whose int8 convolutions and linears mean the
+    converted model's float math: their kernel calls compute it where ATen's int8
+    kernel would saturate (``aot.fallback.quantized_ops``).
     """
 
     memory_format: str = "contiguous"
     cuda_graphs: bool = True
     prepack: bool = False
     quantized_engine: str | None = None
+    int8_float_math: bool = False
 
     def to_json(self) -> dict:
         return {"memory_format": self.memory_format, "cuda_graphs": self.cuda_graphs,
-                "prepack": self.prepack, "quantized_engine": self.quantized_engine}
+                "prepack": self.prepack, "quantized_engine": self.quantized_engine,
+                "int8_float_math": self.int8_float_math}
 
     @staticmethod
     def from_json(d: dict | None) -> "ExecOptions":
@@ -101,7 +106,7 @@ class ExecOptions:
                                 "engine, which this torch build lacks (engines: "
                                 f"{torch.backends.quantized.supported_engines})", stage="load")
         return ExecOptions(fmt, bool(d.get("cuda_graphs", True)), bool(d.get("prepack", False)),
-                           engine)
+                           engine, bool(d.get("int8_float_math", False)))
 
 
 _from_dlpack = torch._C._from_dlpack  # torch.from_dlpack without its Python dispatch
@@ -130,10 +135,14 @@ def _resolve(spec: KernelCallSpec, options: "ExecOptions | None" = None):
                  if (isinstance(o, TensorArg) and o.constant) or isinstance(o, StaticArg)}
         if all(n in const for n in needs):
             # weights packed on the first call, not on every call
-            return site(options.quantized_engine if options is not None else None)
+            return site(options.quantized_engine if options is not None else None,
+                        float_math=options is not None and options.int8_float_math)
+    name = spec.op.split("::", 1)[1]
     if spec.op.startswith(QUANTIZED_NAMESPACE + "::") and spec.overload == "default" \
-            and spec.op.split("::", 1)[1] in IMPLS:
-        return IMPLS[spec.op.split("::", 1)[1]]  # the same Python kernel, without the dispatcher
+            and name in IMPLS:
+        if options is not None and options.int8_float_math and name in FLOAT_MATH_IMPLS:
+            return FLOAT_MATH_IMPLS[name]  # a PT2E program's: its float math where ATen saturates
+        return IMPLS[name]  # the same Python kernel, without the dispatcher
     return op
 
 

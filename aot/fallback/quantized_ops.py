@@ -41,7 +41,7 @@ from dataclasses import dataclass
 
 import torch
 
-__all__ = ["NAMESPACE", "QUANT_OPERANDS", "PREPACKED", "IMPLS", "UNARY", "QuantOperands",
+__all__ = ["NAMESPACE", "QUANT_OPERANDS", "PREPACKED", "IMPLS", "FLOAT_MATH_IMPLS", "UNARY", "QuantOperands",
            "Unary", "packing_engine_available", "compile_engine", "pinned_engine",
            "requantizing_kernel"]
 
@@ -177,8 +177,8 @@ def _conv_run(packed, x, x_scale, x_zp, out_scale, out_zp, relu):
 
 
 def _conv2d(x, w, w_scales, w_zps, axis, bias, stride, padding, dilation, groups,
-            x_scale, x_zp, out_scale, out_zp, relu):
-    if _saturates(x):
+            x_scale, x_zp, out_scale, out_zp, relu, float_math=False):
+    if float_math and _saturates(x):
         return _conv_reference(_conv2d_f32_pack(w, w_scales, w_zps, axis, bias), x, stride,
                                padding, dilation, groups, x_scale, x_zp, out_scale, out_zp,
                                relu)
@@ -195,8 +195,9 @@ def _linear_run(packed, x, x_scale, x_zp, out_scale, out_zp, relu):
     return _out(op(_q(x, x_scale, x_zp), packed, out_scale, out_zp), x)
 
 
-def _linear(x, w, w_scales, w_zps, axis, bias, x_scale, x_zp, out_scale, out_zp, relu):
-    if _saturates(x):
+def _linear(x, w, w_scales, w_zps, axis, bias, x_scale, x_zp, out_scale, out_zp, relu,
+            float_math=False):
+    if float_math and _saturates(x):
         return _linear_reference(_conv2d_f32_pack(w, w_scales, w_zps, axis, bias), x, x_scale,
                                  x_zp, out_scale, out_zp, relu)
     return _linear_run(_linear_pack(w, w_scales, w_zps, axis, bias), x, x_scale, x_zp,
@@ -207,11 +208,13 @@ def _linear(x, w, w_scales, w_zps, axis, bias, x_scale, x_zp, out_scale, out_zp,
 # fbgemm's and oneDNN's u8 x s8 kernels on a CPU without VNNI multiply with ``vpmaddubsw``,
 # which sums each pair of products in int16 and saturates: an activation above 127 beside
 # a weight near -128 or 127 overflows it (measured on an AVX2 EPYC: a 3x3x16 convolution
-# of full-range activations off by 35,000 in the accumulator). Eager-mode x86/fbgemm
-# qconfigs keep activations to 7 bits (``reduce_range``) and never reach it; a PT2E graph
-# quantizes to the full 8 bits, and its converted model computes in float on the
-# dequantized values. There, a call whose activation holds a value above 127 runs that
-# float math instead (bit-exact with the converted model), and the others ATen's kernel.
+# of full-range activations off by 35,000 in the accumulator). What is right depends on
+# what the program means. An eager-mode quantized model *is* ATen's kernels (its x86
+# qconfig keeps activations to 7 bits, but a value past the calibrated range reaches
+# 255 in eager too): its kernel calls stay ATen's, bit-exact with eager. A PT2E program
+# means its converted model's float math on the dequantized values (``float_math``, the
+# manifest's ``executor.int8_float_math``): there a call whose activation holds a value
+# above 127 computes that math (bit-exact with the converted model), others ATen's kernel.
 
 def _saturates(x: torch.Tensor) -> bool:
     """ATen's kernel under the current engine would saturate on ``x``'s integers here."""
@@ -320,6 +323,9 @@ IMPLS = {"quantize": _quantize, "dequantize": _dequantize, "conv2d": _conv2d,
          **{name: _unary(name) for name in UNARY}}
 for _name, _fn in IMPLS.items():
     _lib.impl(_name, _fn, "CompositeExplicitAutograd")
+# a PT2E program's conv2d/linear kernel calls (``float_math``)
+FLOAT_MATH_IMPLS = {"conv2d": functools.partial(_conv2d, float_math=True),
+                    "linear": functools.partial(_linear, float_math=True)}
 
 
 # --- fake implementations: shapes and dtypes for export ---------------------------------
@@ -439,13 +445,14 @@ class _PrepackedSite:
 
     _pack = _run = None  # set by subclasses: (weight operands) -> packed; (packed, rest) -> out
 
-    def __init__(self, engine: str | None = None):
+    def __init__(self, engine: str | None = None, float_math: bool = False):
         self.packed, self.engine, self.packed_f32 = None, engine, None
+        self.float_math = float_math  # a PT2E program's site (``_saturates``)
 
     _reference = None  # requantizing sites: (float packing, x, *rest) -> out (``_saturates``)
 
     def __call__(self, x, w, w_scales, w_zps, axis, bias, *rest):
-        if self._reference is not None and _saturates(x):
+        if self.float_math and self._reference is not None and _saturates(x):
             if self.packed_f32 is None:
                 self.packed_f32 = _conv2d_f32_pack(w, w_scales, w_zps, axis, bias)
             return self._reference(self.packed_f32, x, *rest)

@@ -21,7 +21,7 @@ from ..fallback import static_values
 from ..torch_tensor import TorchTensor
 from .dynamic import declared_dims, dim_names, export_example, symbol_table
 from .locations import node_location
-from .pt2e import rewrite_pt2e
+from .pt2e import is_pt2e, rewrite_pt2e
 from .qdq import rewrite_qdq
 from .quantized import is_eager_quantized, rewrite_eager_quantized
 
@@ -82,6 +82,10 @@ class ImportedProgram:
     # (no dynamic_shapes), made on demand (``aot.lower.specialize``); None when static
     at_example: Callable[[], "ImportedProgram"] | None = field(default=None, compare=False,
                                                                 repr=False)
+    # a PT2E program (torch's quantized_decomposed ops): its int8 ops mean the converted
+    # model's float math, which their kernel calls follow where ATen's kernels saturate
+    # (``aot.fallback.quantized_ops``); an eager-mode quantized model's mean ATen's kernels
+    pt2e: bool = False
 
     def __post_init__(self):
         n_tensor = sum(isinstance(i, TorchTensor) for i in self.flat_inputs)
@@ -136,6 +140,7 @@ def import_model(model: torch.nn.Module, args: tuple, kwargs: dict | None = None
                     "fixes a dimension whose example is 0 or 1); placement is measured at "
                     "your example", ", ".join(widened))
     ep = rewrite_qdq(_export(model, ex_args, ex_kwargs, options, name))
+    pt2e = is_pt2e(ep)
     if options.pt2e_integer_ops:
         ep = rewrite_pt2e(ep)
     _check_functional(ep)
@@ -158,7 +163,8 @@ def import_model(model: torch.nn.Module, args: tuple, kwargs: dict | None = None
             return import_model(*given, static)
     return ImportedProgram(ep, flat_inputs, outputs, ep.call_spec.in_spec, ep.call_spec.out_spec,
                            name=name, input_names=names, mutations=mutations,
-                           returns_input=returns_input, symbols=symbols, at_example=at_example)
+                           returns_input=returns_input, symbols=symbols, at_example=at_example,
+                           pt2e=pt2e)
 
 
 def _sized(boundary: TorchTensor, exported) -> TorchTensor:

@@ -55,7 +55,7 @@ from torch.fx.passes.shape_prop import _extract_tensor_metadata
 from ..fallback import quantized_ops  # noqa: F401  (registers torch.ops.aot_q)
 from .locations import node_location
 
-__all__ = ["rewrite_pt2e"]
+__all__ = ["is_pt2e", "rewrite_pt2e"]
 log = logging.getLogger(__name__)
 
 aten = torch.ops.aten
@@ -80,6 +80,12 @@ def _qd():
         return None
 
 
+def is_pt2e(ep: torch.export.ExportedProgram) -> bool:
+    """``ep`` holds torch's ``quantized_decomposed`` ops: a PT2E (converted) program."""
+    return _qd() is not None and any(_namespace(n) == "quantized_decomposed"
+                                     for n in ep.graph_module.graph.nodes)
+
+
 def rewrite_pt2e(ep: torch.export.ExportedProgram) -> torch.export.ExportedProgram:
     """Rewrite the PT2E Q/DQ patterns of ``ep`` into ``aot_q`` ops (in place).
 
@@ -88,10 +94,9 @@ def rewrite_pt2e(ep: torch.export.ExportedProgram) -> torch.export.ExportedProgr
     Returns:
         ``ep``, rewritten; unchanged when it holds no ``quantized_decomposed`` op.
     """
-    qd = _qd()
-    g = ep.graph_module.graph
-    if qd is None or not any(_namespace(n) == "quantized_decomposed" for n in g.nodes):
+    if not is_pt2e(ep):
         return ep
+    qd, g = _qd(), ep.graph_module.graph
     n_act = _integer_activations(g, qd)
     rules = {aten.conv2d.default: _conv2d, aten.linear.default: _linear,
              aten.add.Tensor: _add, aten.cat.default: _cat,

@@ -368,7 +368,8 @@ def _manifest(imported: ImportedProgram, target: Target, policy: PlacementPolicy
         "policy": {"fallback": policy.fallback, "fallback_ops": list(policy.fallback_ops),
                    "placement": policy.placement},
         "executor": ExecOptions(
-            quantized_engine=compile_engine(imported.exported.graph)).to_json(),
+            quantized_engine=compile_engine(imported.exported.graph),
+            int8_float_math=imported.pt2e).to_json(),
         "whole_program_call": whole_program_call,
         "compile_seconds": round(seconds, 3),
         "vmfb_sha256": hashlib.sha256(vmfb).hexdigest(),

@@ -1,6 +1,7 @@
-"""Full-range int8 activations where ATen's int8 kernels saturate (no VNNI): the
-``aot_q`` conv/linear kernel calls compute the converted PT2E model's float math
-instead, bit for bit; 7-bit activations keep ATen's kernel, bit for bit."""
+"""Full-range int8 activations where ATen's int8 kernels saturate (no VNNI): a PT2E
+program's ``aot_q`` conv/linear kernel calls (``float_math``) compute its converted
+model's float math instead, bit for bit; 7-bit activations keep ATen's kernel, and an
+eager-mode quantized model's calls always do (ATen's kernels are what it means)."""
 
 import pytest
 import torch
@@ -47,10 +48,13 @@ def test_full_range_conv_is_the_converted_models_math(no_vnni, relu):
     args = (x, w, ws, wz, 0, b, [1, 1], [1, 1], [1, 1], 1, 0.05, 3, 0.4, 7, relu)
     assert q._saturates(x)
     want = _converted_conv(x, w, ws, wz, b, 0.05, 3, 0.4, 7, relu)
-    assert torch.equal(q.IMPLS["conv2d"](*args), want)
-    site = q.PREPACKED["aot_q::conv2d"][1]("x86")
+    assert torch.equal(q.FLOAT_MATH_IMPLS["conv2d"](*args), want)
+    site = q.PREPACKED["aot_q::conv2d"][1]("x86", float_math=True)
     for _ in range(2):  # packed once, the float weight reused
         assert torch.equal(site(*args), want)
+    # an eager-mode model's call: ATen's kernel, saturated or not, as eager runs it
+    eager = q.PREPACKED["aot_q::conv2d"][1]("x86")
+    assert torch.equal(eager(*args), q.IMPLS["conv2d"](*args))
 
 
 def test_full_range_linear_is_the_converted_models_math(no_vnni):
@@ -64,8 +68,8 @@ def test_full_range_linear_is_the_converted_models_math(no_vnni):
     want = qd.quantize_per_tensor(torch.nn.functional.linear(dx, dw, b), 0.5, 120, 0, 255,
                                   torch.uint8)
     args = (x, w, ws, wz, 0, b, 0.1, 128, 0.5, 120, False)
-    assert torch.equal(q.IMPLS["linear"](*args), want)
-    assert torch.equal(q.PREPACKED["aot_q::linear"][1]("x86")(*args), want)
+    assert torch.equal(q.FLOAT_MATH_IMPLS["linear"](*args), want)
+    assert torch.equal(q.PREPACKED["aot_q::linear"][1]("x86", float_math=True)(*args), want)
 
 
 def test_seven_bit_activations_keep_atens_kernel(no_vnni):
@@ -76,9 +80,9 @@ def test_seven_bit_activations_keep_atens_kernel(no_vnni):
     qw = torch._make_per_channel_quantized_tensor(w, ws, wz, 0)
     packed = torch.ops.quantized.conv2d_prepack(qw, b, [1, 1], [1, 1], [1, 1], 1)
     want = torch.ops.quantized.conv2d(qx, packed, 0.4, 7).int_repr()
-    got = q.IMPLS["conv2d"](x, w, ws, wz, 0, b, [1, 1], [1, 1], [1, 1], 1, 0.05, 3, 0.4, 7,
-                            False)
-    assert torch.equal(got, want)
+    args = (x, w, ws, wz, 0, b, [1, 1], [1, 1], [1, 1], 1, 0.05, 3, 0.4, 7, False)
+    assert torch.equal(q.FLOAT_MATH_IMPLS["conv2d"](*args), want)
+    assert torch.equal(q.IMPLS["conv2d"](*args), want)
 
 
 @pytest.mark.skipif(q._cpu_has("avx512_vnni"), reason="this CPU's int8 kernels do not saturate")
