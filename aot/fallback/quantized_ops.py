@@ -35,13 +35,14 @@ per-tensor or per-channel (``axis = -1`` means per-tensor).
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import functools
 import sys
 from dataclasses import dataclass
 
 import torch
 
-__all__ = ["NAMESPACE", "QUANT_OPERANDS", "PREPACKED", "IMPLS", "FLOAT_MATH_IMPLS", "UNARY", "QuantOperands",
+__all__ = ["NAMESPACE", "QUANT_OPERANDS", "PREPACKED", "IMPLS", "FLOAT_MATH_IMPLS", "float_math", "cpu_has", "UNARY", "QuantOperands",
            "Unary", "packing_engine_available", "compile_engine", "pinned_engine",
            "requantizing_kernel"]
 
@@ -178,7 +179,7 @@ def _conv_run(packed, x, x_scale, x_zp, out_scale, out_zp, relu):
 
 def _conv2d(x, w, w_scales, w_zps, axis, bias, stride, padding, dilation, groups,
             x_scale, x_zp, out_scale, out_zp, relu, float_math=False):
-    if float_math and _saturates(x):
+    if (float_math or _FLOAT_MATH.get()) and _saturates(x):
         return _conv_reference(_conv2d_f32_pack(w, w_scales, w_zps, axis, bias), x, stride,
                                padding, dilation, groups, x_scale, x_zp, out_scale, out_zp,
                                relu)
@@ -197,7 +198,7 @@ def _linear_run(packed, x, x_scale, x_zp, out_scale, out_zp, relu):
 
 def _linear(x, w, w_scales, w_zps, axis, bias, x_scale, x_zp, out_scale, out_zp, relu,
             float_math=False):
-    if float_math and _saturates(x):
+    if (float_math or _FLOAT_MATH.get()) and _saturates(x):
         return _linear_reference(_conv2d_f32_pack(w, w_scales, w_zps, axis, bias), x, x_scale,
                                  x_zp, out_scale, out_zp, relu)
     return _linear_run(_linear_pack(w, w_scales, w_zps, axis, bias), x, x_scale, x_zp,
@@ -216,15 +217,31 @@ def _linear(x, w, w_scales, w_zps, axis, bias, x_scale, x_zp, out_scale, out_zp,
 # manifest's ``executor.int8_float_math``): there a call whose activation holds a value
 # above 127 computes that math (bit-exact with the converted model), others ATen's kernel.
 
+_FLOAT_MATH = contextvars.ContextVar("aot_q_float_math", default=False)
+
+
+@contextlib.contextmanager
+def float_math():
+    """Within the block, ``torch.ops.aot_q.conv2d``/``linear`` called through the
+    dispatcher mean a PT2E program's float math where ATen's kernel saturates (as its
+    kernel calls do): running a rewritten PT2E graph eagerly gives its converted
+    model's values."""
+    token = _FLOAT_MATH.set(True)
+    try:
+        yield
+    finally:
+        _FLOAT_MATH.reset(token)
+
+
 def _saturates(x: torch.Tensor) -> bool:
     """ATen's kernel under the current engine would saturate on ``x``'s integers here."""
-    if torch.backends.quantized.engine == "qnnpack" or _cpu_has("avx512_vnni"):
+    if torch.backends.quantized.engine == "qnnpack" or cpu_has("avx512_vnni"):
         return False
     return bool((x.int_repr() if x.is_quantized else x).max() > 127) if x.numel() else False
 
 
 @functools.cache
-def _cpu_has(flag: str) -> bool:
+def cpu_has(flag: str) -> bool:
     """``flag`` among the CPU's (Linux ``/proc/cpuinfo``; elsewhere: unknown, False)."""
     try:
         with open("/proc/cpuinfo") as f:
@@ -420,7 +437,7 @@ def _x86_picks_onednn_here() -> bool:
     oneDNN in this build, a CPU with AVX512-VNNI (read from /proc/cpuinfo)."""
     if not sys.platform.startswith("linux") or not torch.backends.mkldnn.is_available():
         return False
-    return _cpu_has("avx512_vnni")
+    return cpu_has("avx512_vnni")
 
 
 @contextlib.contextmanager

@@ -15,7 +15,7 @@ qd = _qd()  # torch's quantized_decomposed ops, as the converted model calls the
 @pytest.fixture
 def no_vnni(monkeypatch):
     """This machine as one without VNNI under the x86 engine (the saturating case)."""
-    monkeypatch.setattr(q, "_cpu_has", lambda flag: False)
+    monkeypatch.setattr(q, "cpu_has", lambda flag: False)
     engine = torch.backends.quantized.engine
     torch.backends.quantized.engine = "x86"
     yield
@@ -85,7 +85,7 @@ def test_seven_bit_activations_keep_atens_kernel(no_vnni):
     assert torch.equal(q.IMPLS["conv2d"](*args), want)
 
 
-@pytest.mark.skipif(q._cpu_has("avx512_vnni"), reason="this CPU's int8 kernels do not saturate")
+@pytest.mark.skipif(q.cpu_has("avx512_vnni"), reason="this CPU's int8 kernels do not saturate")
 def test_atens_kernel_does_saturate_here():
     """Why the rule exists: on this CPU ATen's x86 kernel is off the exact sum."""
     x, w, ws, wz, b = _operands(255)
