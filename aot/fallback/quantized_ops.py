@@ -42,7 +42,7 @@ from dataclasses import dataclass
 
 import torch
 
-__all__ = ["NAMESPACE", "QUANT_OPERANDS", "PREPACKED", "IMPLS", "FLOAT_MATH_IMPLS", "float_math", "cpu_has", "UNARY", "QuantOperands",
+__all__ = ["NAMESPACE", "QUANT_OPERANDS", "PREPACKED", "IMPLS", "FLOAT_MATH_IMPLS", "float_math", "cpu_has", "saturates", "UNARY", "QuantOperands",
            "Unary", "packing_engine_available", "compile_engine", "pinned_engine",
            "requantizing_kernel"]
 
@@ -179,7 +179,7 @@ def _conv_run(packed, x, x_scale, x_zp, out_scale, out_zp, relu):
 
 def _conv2d(x, w, w_scales, w_zps, axis, bias, stride, padding, dilation, groups,
             x_scale, x_zp, out_scale, out_zp, relu, float_math=False):
-    if (float_math or _FLOAT_MATH.get()) and _saturates(x):
+    if (float_math or _FLOAT_MATH.get()) and saturates(x):
         return _conv_reference(_conv2d_f32_pack(w, w_scales, w_zps, axis, bias), x, stride,
                                padding, dilation, groups, x_scale, x_zp, out_scale, out_zp,
                                relu)
@@ -198,7 +198,7 @@ def _linear_run(packed, x, x_scale, x_zp, out_scale, out_zp, relu):
 
 def _linear(x, w, w_scales, w_zps, axis, bias, x_scale, x_zp, out_scale, out_zp, relu,
             float_math=False):
-    if (float_math or _FLOAT_MATH.get()) and _saturates(x):
+    if (float_math or _FLOAT_MATH.get()) and saturates(x):
         return _linear_reference(_conv2d_f32_pack(w, w_scales, w_zps, axis, bias), x, x_scale,
                                  x_zp, out_scale, out_zp, relu)
     return _linear_run(_linear_pack(w, w_scales, w_zps, axis, bias), x, x_scale, x_zp,
@@ -233,7 +233,7 @@ def float_math():
         _FLOAT_MATH.reset(token)
 
 
-def _saturates(x: torch.Tensor) -> bool:
+def saturates(x: torch.Tensor) -> bool:
     """ATen's kernel under the current engine would saturate on ``x``'s integers here."""
     if torch.backends.quantized.engine == "qnnpack" or cpu_has("avx512_vnni"):
         return False
@@ -464,12 +464,12 @@ class _PrepackedSite:
 
     def __init__(self, engine: str | None = None, float_math: bool = False):
         self.packed, self.engine, self.packed_f32 = None, engine, None
-        self.float_math = float_math  # a PT2E program's site (``_saturates``)
+        self.float_math = float_math  # a PT2E program's site (``saturates``)
 
-    _reference = None  # requantizing sites: (float packing, x, *rest) -> out (``_saturates``)
+    _reference = None  # requantizing sites: (float packing, x, *rest) -> out (``saturates``)
 
     def __call__(self, x, w, w_scales, w_zps, axis, bias, *rest):
-        if self.float_math and self._reference is not None and _saturates(x):
+        if self.float_math and self._reference is not None and saturates(x):
             if self.packed_f32 is None:
                 self.packed_f32 = _conv2d_f32_pack(w, w_scales, w_zps, axis, bias)
             return self._reference(self.packed_f32, x, *rest)

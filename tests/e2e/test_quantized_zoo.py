@@ -28,6 +28,7 @@ import torch.ao.nn.quantized as nnq
 from torch.overrides import TorchFunctionMode
 
 import aot
+from aot.fallback.quantized_ops import saturates
 from aot.importer import int8_decompositions  # noqa: F401  (registers the aot_q ones)
 from aot.importer.decompositions import IREE_DECOMPOSITIONS
 from aot.importer.quantized import rewrite_eager_quantized
@@ -72,6 +73,12 @@ class _EveryQuantizedOp(TorchFunctionMode):
     def __torch_function__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
         op = func.default if isinstance(func, torch._ops.OpOverloadPacket) else func
+        if str(op) in ("aot_q.conv2d.default", "aot_q.linear.default") and saturates(args[0]):
+            # ATen's kernel is not the exact int32 sum here (a CPU without VNNI, an
+            # activation past the calibrated 7 bits): the decomposition is; not compared
+            self.saturated = getattr(self, "saturated", 0) + 1
+            self.seen.setdefault(str(op), [0, 0, 0])
+            return out
         if getattr(op, "namespace", None) == "aot_q" and out.dtype == torch.uint8:
             diff = (IREE_DECOMPOSITIONS[op](*args, **(kwargs or {})).int() - out.int()).abs()
             row = self.seen.setdefault(str(op), [0, 0, 0])

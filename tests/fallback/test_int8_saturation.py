@@ -46,7 +46,7 @@ def _converted_conv(x, w, w_scales, w_zps, bias, x_scale, x_zp, out_scale, out_z
 def test_full_range_conv_is_the_converted_models_math(no_vnni, relu):
     x, w, ws, wz, b = _operands(255)
     args = (x, w, ws, wz, 0, b, [1, 1], [1, 1], [1, 1], 1, 0.05, 3, 0.4, 7, relu)
-    assert q._saturates(x)
+    assert q.saturates(x)
     want = _converted_conv(x, w, ws, wz, b, 0.05, 3, 0.4, 7, relu)
     assert torch.equal(q.FLOAT_MATH_IMPLS["conv2d"](*args), want)
     site = q.PREPACKED["aot_q::conv2d"][1]("x86", float_math=True)
@@ -75,7 +75,7 @@ def test_full_range_linear_is_the_converted_models_math(no_vnni):
 def test_seven_bit_activations_keep_atens_kernel(no_vnni):
     """Eager-mode x86 qconfigs (``reduce_range``): ATen's kernel, as eager runs it."""
     x, w, ws, wz, b = _operands(127)
-    assert not q._saturates(x)
+    assert not q.saturates(x)
     qx = torch._make_per_tensor_quantized_tensor(x, 0.05, 3)
     qw = torch._make_per_channel_quantized_tensor(w, ws, wz, 0)
     packed = torch.ops.quantized.conv2d_prepack(qw, b, [1, 1], [1, 1], [1, 1], 1)
