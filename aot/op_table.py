@@ -15,7 +15,7 @@ names resolve, and everything is checked at load, before anything runs:
   anyway for the op to run); torch's runtime-internal namespaces
   (:data:`REFUSED_NAMESPACES`: profiler, streams, collectives, inductor...) never are.
 - Ops that reach the file system or the process are refused (:data:`REFUSED_OPS`, and
-  any op with an argument whose name says it is a file, path or directory).
+  any op with a string argument whose name says it is a file, path or directory).
 - ``py:`` names are the few of :data:`PY_NAMES`; each runs behind a guard that takes
   only numbers within int64 and refuses powers and shifts that could not fit, so a
   recorded operand cannot make it run unbounded.
@@ -47,11 +47,18 @@ REFUSED_NAMESPACES = frozenset((
     "debugprims", "rngprims", "static_runtime", "export", "debug_mode_ops", "_native", "_test",
     "_inductor_test", "onnx", "onnx_symbolic", "higher_order", "prim", "aot_kc", "coor",
     "flex_lib"))
-# ops of allowed namespaces that touch the file system, print, or change process state
-REFUSED_OPS = frozenset((
-    "aten::from_file", "aten::_print", "aten::_cufft_set_plan_cache_max_size",
-    "aten::_cufft_clear_plan_cache", "aten::set", "aten::set_", "image::read_file",
-    "image::write_file"))
+# ops of allowed namespaces that touch the file system, print, change process state or
+# rebind memory, with why
+REFUSED_OPS = {
+    "aten::from_file": "reads (or maps for writing) a file",
+    "aten::_print": "prints",
+    "aten::_cufft_set_plan_cache_max_size": "changes process-wide state",
+    "aten::_cufft_clear_plan_cache": "changes process-wide state",
+    "aten::set": "rebinds a tensor to other memory",
+    "aten::set_": "rebinds a tensor to other memory",
+    "image::read_file": "reads a file",
+    "image::write_file": "writes a file",
+}
 _PATH_ARGUMENT = re.compile(r"file|path|dir", re.IGNORECASE)
 _IDENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
 
@@ -69,7 +76,7 @@ def name_problem(op: str, overload: str) -> str | None:
     if ns in REFUSED_NAMESPACES:
         return f"namespace {ns!r} holds torch's runtime internals, never a model's op"
     if op in REFUSED_OPS:
-        return f"{op} reaches the file system or the process"
+        return f"{op} {REFUSED_OPS[op]}: an artifact never runs it"
     return None
 
 
@@ -96,7 +103,8 @@ def resolve(op: str, overload: str):
                 "before loading")
         raise LookupError(f"op {op}.{overload} is not registered in this process{hint}") \
             from None
-    paths = [a.name for a in schema.arguments if _PATH_ARGUMENT.search(a.name)]
+    paths = [a.name for a in schema.arguments  # a string naming a file (not einsum's path)
+             if _PATH_ARGUMENT.search(a.name) and "str" in str(a.type).lower()]
     if paths:
         raise LookupError(f"op {op}.{overload} is refused: it takes a path ({paths[0]})")
     ns, name = op.split("::")
