@@ -42,9 +42,9 @@ from dataclasses import dataclass
 
 import torch
 
-__all__ = ["NAMESPACE", "QUANT_OPERANDS", "PREPACKED", "IMPLS", "FLOAT_MATH_IMPLS", "float_math", "cpu_has", "saturates", "UNARY", "QuantOperands",
-           "Unary", "packing_engine_available", "compile_engine", "pinned_engine",
-           "requantizing_kernel"]
+__all__ = ["NAMESPACE", "QUANT_OPERANDS", "PREPACKED", "IMPLS", "FLOAT_MATH_IMPLS", "UNARY",
+           "QuantOperands", "Unary", "packing_engine_available", "compile_engine",
+           "pinned_engine", "requantizing_kernel", "float_math", "cpu_has", "saturates"]
 
 NAMESPACE = "aot_q"
 _lib = torch.library.Library(NAMESPACE, "DEF")
