@@ -145,6 +145,18 @@ def _name_return_types() -> None:
         pytree.SERIALIZED_TYPE_TO_PYTHON_TYPE[name] = cls
 
 
+def pinned_sha256(sha256: Any) -> str | None:
+    """A caller's digest pin, lower-cased (None: no pin). Raises ArtifactError where it
+    is not 64 hex digits."""
+    if sha256 is None:
+        return None
+    if not isinstance(sha256, str) or len(sha256) != 2 * _DIGEST or \
+            not set(sha256) <= set("0123456789abcdefABCDEF"):
+        raise ArtifactError(f"sha256={sha256!r} is not a SHA-256 digest (64 hex digits, "
+                            "as `aot report` prints it)")
+    return sha256.lower()
+
+
 def load_artifact(path: str, *, sha256: str | None = None,
                   legacy: bool = True) -> CompiledArtifact:
     """Read and validate an artifact file.
@@ -160,13 +172,7 @@ def load_artifact(path: str, *, sha256: str | None = None,
             SHA-256 is not the pinned one, or a malformed pin; a legacy format
             with ``legacy=False``.
     """
-    want = None
-    if sha256 is not None:
-        if not isinstance(sha256, str) or len(sha256) != 2 * _DIGEST or \
-                not set(sha256) <= set("0123456789abcdefABCDEF"):
-            raise ArtifactError(f"sha256={sha256!r} is not a SHA-256 digest (64 hex digits, "
-                                "as `aot report` prints it)")
-        want = sha256.lower()
+    want = pinned_sha256(sha256)
     try:
         with open(path, "rb") as f:
             data = f.read()

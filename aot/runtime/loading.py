@@ -15,9 +15,7 @@ whole file's SHA-256 (``sha256=``), verify its signature (``verify=`` a public k
 
 from __future__ import annotations
 
-import re
-
-from ..artifact import CompiledArtifact, load_artifact
+from ..artifact import CompiledArtifact, load_artifact, pinned_sha256
 from ..errors import ArtifactError
 from ..manifest_check import reading
 
@@ -79,22 +77,16 @@ def read_artifact(path: str, *, sha256: str | None = None, legacy: bool = True,
     if signature is not None and verify is None:
         raise ArtifactError("signature= is checked only with verify=PUBLIC_KEY (the public "
                             "key to verify it with)", stage="load")
-    pin = sha256
+    pin = pinned_sha256(sha256)  # a malformed pin refused before the file is opened
     if verify is not None:
         from ..signing import verify as verify_signature
-        if sha256 is not None and not _HEX64.fullmatch(str(sha256)):
-            load_artifact(path, sha256=sha256)  # refuses the malformed pin, file unopened
         signed = verify_signature(path, verify, signature)
-        if sha256 is not None and sha256.lower() != signed:
+        if pin is not None and pin != signed:
             raise ArtifactError(f"{path!r}: its signature vouches for a file with SHA-256 "
-                                f"{signed[:16]}…, not the pinned {sha256.lower()[:16]}…",
-                                stage="load")
+                                f"{signed[:16]}…, not the pinned {pin[:16]}…", stage="load")
         # the bytes parsed are the bytes that verified, even if the file changed since
         pin = signed
     return load_artifact(path, sha256=pin, legacy=legacy)
-
-
-_HEX64 = re.compile(r"[0-9a-fA-F]{64}")
 
 
 def _has_torch() -> bool:
