@@ -92,6 +92,11 @@ def format_report(manifest: dict) -> str:
                 lines.append(f"  there {best} is {end[region['chosen']] / end[best]:.2f}x "
                              f"faster than {region['chosen']}: an example at the size called "
                              "most makes the choice for that size")
+        if region.get("why"):
+            lines.append(f"  why: {region['why']}")
+        if region.get("cached") is False:
+            lines.append("  not cached: the measurement was noisy, so the next compile "
+                         "measures again")
         if region.get("source", "measured") != "measured":
             lines.append(f"  the decision was {region['source']}")
     if manifest.get("driver") == "local-sync":

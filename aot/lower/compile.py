@@ -212,7 +212,8 @@ def _compile_split(imported: ImportedProgram, target: Target, policy: PlacementP
             if example is not None and worth_measuring(imported, art, target, policy):
                 art = choose_region(art, imported, target, policy, example, variants)
             elif variants:
-                name, entry = pick_variant({"iree": art, **variants}, example, target)
+                name, entry = pick_variant({"iree": art, **variants}, example, target,
+                                           policy.plan)
                 art = {"iree": art, **variants}[name]
                 art.manifest["variant"] = entry
             art.manifest["compile_seconds"] = round(time.perf_counter() - t0, 3)

@@ -66,21 +66,29 @@ third of the candidates' calls (ViT-B/16 batch 8 compiled in 210 s cold).
 are recorded. The fastest median wins, except that a candidate earlier in a fixed
 order (the per-op placement first, then the simpler regions) is kept when the
 fastest leads it by no more than ``MARGIN``, so near-ties settle the same way
-every compile. A lead beyond ``MARGIN`` but within two standard errors of the
-difference of the two medians (estimated from the spreads and sample counts) is
-not yet a win: those two candidates are measured more, alternating, for up to
-``EXTRA_S``; if it is still unclear, the earlier candidate stands and the region
-entry names the pair as ``"undecided"``. (An earlier rule let a candidate replace
-the current choice only when it won by more than both spreads: one noisy
-measurement of the per-op placement then kept it against a region 1.5x faster.)
+every compile. Noise never protects a candidate: every candidate that might still
+be the fastest (a lead over it within two standard errors of the difference of the
+medians, estimated from the spreads and sample counts, or a spread over ``NOISY``
+of its median with a median within its spread of the fastest) is measured again,
+rotating, for up to ``EXTRA_S``; if the order is still unclear after that, the
+faster median wins and the region entry names the pair as ``"undecided"``. So the
+choice's median is never more than ``MARGIN`` above the fastest measured. (Two
+earlier rules let noise protect the first candidate: "win by more than both
+spreads", then "the earlier candidate stands while undecided"; ViT-B/16's per-op
+placement, measured at 329.6 ms +- 469.2 on a busy machine, was kept against a
+data-tiled candidate at 107.8 +- 3.4.) The entry's ``why`` says in words why the
+winner won.
 
 **Reproducing.** A decision is cached on disk (``$AOT_CACHE_DIR``, like the
 coverage verdicts) under a key of the program, its example input specs, the
 candidates, the target's flags, torch's version, this CPU, torch's thread
 count, the prepacked executor's version (``prepack.VERSION``) and the compiled
-forms' (``compiled_forms.FORMS``): a second compile of the same model on the same machine reuses it without
-measuring (the report says so), so it gives the same artifact.
-``CompiledModule.plan()`` returns the decisions of a compile;
+forms' (``compiled_forms.FORMS``): a second compile of the same model on the same
+machine reuses it without measuring (the report says so), so it gives the same
+artifact. A decision taken from a noisy measurement (``noisy``: still undecided,
+or the winner or a candidate within reach of it spread over ``NOISY`` of its
+median) is not cached: the next compile measures again (the entry's ``cached``
+says which). ``CompiledModule.plan()`` returns the decisions of a compile;
 ``aot.compile(..., plan=...)`` (CLI ``--plan plan.json``) pins them in another,
 on any machine. ``AOT_REMEASURE=1`` ignores the cache.
 """
@@ -127,7 +135,8 @@ _SLOW_S = 0.1     # a candidate whose call takes this long times its blocks with
                   # untimed call first
 _BLOCK = 3        # timed calls per candidate per round, after untimed ones (``_WARM_S``)
 _WARM_S = 0.005   # untimed calls per block, at least this long: steady state again
-EXTRA_S = 2.0     # at most this much more for two contenders whose order is not yet clear
+EXTRA_S = 3.0     # at most this much more for the contenders whose order is not yet clear
+NOISY = 0.10      # a spread (half IQR) over this fraction of a median is a noisy measurement
 MARGIN = 0.03     # leads within this fraction are near-ties, settled by ``_ORDER``
 
 
@@ -198,7 +207,9 @@ def choose_region(per_op: CompiledArtifact, imported: ImportedProgram, target: T
         if imported.symbols:
             region["measured_at"] = measured
         region["measure_seconds"] = round(time.perf_counter() - t0, 2)
-        _store(key, region, target)
+        region["cached"] = not region.pop("noisy")
+        if region["cached"]:
+            _store(key, region, target)
     region["key"] = key
     log.info("region placement: %s", region)
     best = region["chosen"]
@@ -221,7 +232,7 @@ def choose_region(per_op: CompiledArtifact, imported: ImportedProgram, target: T
 
 # the fixed order near-ties are settled in: the per-op placement first, then the simpler regions
 _ORDER = ["iree", "iree-sync", "iree-tiled", "iree-coverage", "aten", "aten-prepacked", "aten-channels-last"]
-_RULE = 5  # the decision rule's version, part of the cache key
+_RULE = 6  # the decision rule's version, part of the cache key
 _CONFIDENCE = 2.0  # a lead counts when it exceeds this many standard errors of the difference
 
 
@@ -244,8 +255,8 @@ def _verdict(stats: dict[str, tuple[float, float, int]]) -> tuple[str, tuple[str
     The fastest median wins, except that a candidate earlier in ``_ORDER`` within
     ``MARGIN`` of it is kept (near-ties settle the same way every compile). A lead
     beyond ``MARGIN`` but within ``_CONFIDENCE`` standard errors of the difference
-    of the two medians is not yet a win: the pair is returned as undecided (to be
-    measured more), and the earlier candidate stands meanwhile.
+    of the two medians is not yet clear: the faster median is chosen and the pair is
+    returned as undecided (to be measured more).
     """
     med = {k: v[0] for k, v in stats.items()}
     best = min(med, key=lambda k: (med[k], _rank(k)))
@@ -255,32 +266,95 @@ def _verdict(stats: dict[str, tuple[float, float, int]]) -> tuple[str, tuple[str
         lead = med[k] - med[best]
         if lead <= MARGIN * med[best]:
             return k, None
-        noise = (_median_error(stats[k][1], stats[k][2]) ** 2
-                 + _median_error(stats[best][1], stats[best][2]) ** 2) ** 0.5
-        if lead <= _CONFIDENCE * noise:
-            return k, (k, best)
+        if lead <= _CONFIDENCE * _noise(stats[k], stats[best]):
+            return best, (k, best)
     return best, None  # not reached: best is in med
 
 
+def _noise(a: tuple[float, float, int], b: tuple[float, float, int]) -> float:
+    """The standard error of the difference of two medians."""
+    return (_median_error(a[1], a[2]) ** 2 + _median_error(b[1], b[2]) ** 2) ** 0.5
+
+
+def _noisy(v: tuple[float, float, int]) -> bool:
+    return v[1] > NOISY * v[0]
+
+
+def _contenders(stats: dict[str, tuple[float, float, int]], chosen: str) -> list[str]:
+    """The candidates besides ``chosen`` that might still be the fastest: a median
+    within the noise of the choice's (``_CONFIDENCE`` standard errors), or a noisy
+    spread (``NOISY``) that reaches below the choice's median, or, where the choice
+    itself is noisy, a median below the top of its spread."""
+    c = stats[chosen]
+    out = []
+    for k, v in stats.items():
+        if k == chosen:
+            continue
+        gap = v[0] - c[0]
+        if MARGIN * c[0] < abs(gap) <= _CONFIDENCE * _noise(v, c) \
+                or (_noisy(v) and v[0] - v[1] < c[0]) or (_noisy(c) and v[0] < c[0] + c[1]):
+            out.append(k)
+    return sorted(out, key=_rank)
+
+
+def _remeasure(stats: dict[str, tuple[float, float, int]]) -> list[str]:
+    """The candidates to measure again (the choice and its contenders), or none."""
+    chosen = _verdict(stats)[0]
+    rest = _contenders(stats, chosen)
+    return [chosen, *rest] if rest else []
+
+
 def _decide(stats: dict[str, tuple[float, float, int]]) -> dict:
-    """The region entry: every candidate's median and spread, and the choice (``_verdict``)."""
+    """The region entry: every candidate's median and spread, the choice (``_verdict``),
+    why it won, and whether the measurement was clear enough to cache (``noisy``)."""
     chosen, undecided = _verdict(stats)
     region = {"candidates_ms": {k: round(v[0], 4) for k, v in stats.items()},
               "spread_ms": {k: round(v[1], 4) for k, v in stats.items()},
               "runs": {k: v[2] for k, v in stats.items()}, "chosen": chosen,
               "source": "measured"}
+    contenders = _contenders(stats, chosen)
+    fastest = min(stats, key=lambda k: (stats[k][0], _rank(k)))
+    others = sorted((k for k in stats if k != chosen), key=lambda k: stats[k][0])
+    if not others:
+        why = "the only candidate that ran"
+    elif undecided:
+        other = undecided[0] if undecided[1] == chosen else undecided[1]
+        why = (f"the faster median: {other}'s {stats[other][0]:.3f} ms and {chosen}'s "
+               f"{stats[chosen][0]:.3f} ms stayed within the noise after measuring again")
+    elif chosen != fastest:
+        why = (f"within {MARGIN:.0%} of the fastest ({fastest} {stats[fastest][0]:.3f} ms): "
+               "a near-tie, settled by the fixed order")
+    else:
+        nxt = others[0]
+        why = (f"the fastest median, {stats[nxt][0] / stats[chosen][0] - 1:.0%} ahead of "
+               f"the next ({nxt}), beyond the noise")
+    if contenders:
+        why += (f"; noisy (spread over {NOISY:.0%} of the median, or within the noise: "
+                f"{', '.join(contenders)})")
+    region["why"] = why
+    region["noisy"] = bool(contenders)
     if undecided:
         region["undecided"] = list(undecided)
     return region
 
 
-def pick_variant(cands: dict[str, CompiledArtifact], example, target: Target) -> tuple[str, dict]:
+def pick_variant(cands: dict[str, CompiledArtifact], example, target: Target,
+                 plan: dict | None = None) -> tuple[str, dict]:
     """``(name, region-style entry)``: the fastest of compiled variants of one program,
-    timed and decided as region candidates are (``iree`` stands on near-ties)."""
+    timed and decided as region candidates are (``iree`` stands on near-ties), or the
+    one ``plan`` pins (``CompiledModule.plan()`` of an earlier compile).
+
+    Raises:
+        UnsupportedOp: the plan names a variant this program does not have here.
+    """
+    pinned = _pinned(plan, cands)
+    if pinned is not None:
+        return pinned["chosen"], pinned
     stats = _time_candidates(cands, example, target)
     if "iree" not in stats:
         return "iree", {}
     entry = _decide(stats)
+    entry.pop("noisy")  # variants are measured again every compile, never cached
     return entry["chosen"], entry
 
 
@@ -424,16 +498,17 @@ def _time_candidates(cands: dict[str, CompiledArtifact], example, target: Target
                 break
             _round(mods, names[r % len(names):] + names[:r % len(names)], args, kwargs,
                    sync, samples, settled)
-        # a lead within the noise: measure the two contenders more, alternating, until it
-        # is decided either way, a contender has _MAX_RUNS samples, or EXTRA_S is spent
+        # the choice and every candidate that might still beat it: measured more, in
+        # rotating order, until the order is clear, one has _MAX_RUNS samples, or
+        # EXTRA_S is spent (noise re-measures; it never protects the first candidate)
         deadline = time.perf_counter() + EXTRA_S
-        pair = _verdict(_stats(samples))[1]
-        while pair and time.perf_counter() < deadline and \
-                max(len(samples[k]) for k in pair) < _MAX_RUNS:
-            for _ in range(2):
-                _round(mods, list(pair), args, kwargs, sync, samples, settled)
-                pair = pair[::-1]
-            pair = _verdict(_stats(samples))[1]
+        todo, r = _remeasure(_stats(samples)), 0
+        while todo and time.perf_counter() < deadline and \
+                max(len(samples[k]) for k in todo) < _MAX_RUNS:
+            _round(mods, todo[r % len(todo):] + todo[:r % len(todo)], args, kwargs, sync,
+                   samples, settled)
+            r += 1
+            todo = _remeasure(_stats(samples))
     for m in mods.values():
         m.close()
     return _stats(samples)
@@ -509,6 +584,9 @@ def _settle_at_range_end(region: dict, stats: dict, end_stats: dict) -> None:
     if end_stats[alt][0] * (1 + MARGIN) < end_stats[chosen][0]:
         region["chosen"] = alt
         region.pop("undecided", None)
+        region["why"] = (f"within {MARGIN:.0%} of the fastest at the example, and faster than "
+                         f"{chosen} at the range's end ({end_stats[alt][0]:.3f} ms against "
+                         f"{end_stats[chosen][0]:.3f})")
 
 
 def _stats(samples: dict[str, list]) -> dict[str, tuple[float, float, int]]:
@@ -525,7 +603,7 @@ def _spread(v: list[float]) -> float:
 
 def plan_of(manifest: dict) -> dict:
     """The decisions of the compile that wrote ``manifest``, to pin in another."""
-    region = manifest.get("region") or {}
+    region = manifest.get("region") or manifest.get("variant") or {}
     return {"format": 1, "program": region.get("key"), "region": region.get("chosen"),
             "candidates_ms": region.get("candidates_ms") or {}}
 

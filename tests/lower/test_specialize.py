@@ -48,8 +48,11 @@ def _calls_by_function(cm):
 def specialized():
     m = Block().eval()
     x = torch.randn(2, 16, 32)
-    cm = aot.compile(m, (x,), placement="coverage",
+    # the plan pins the data-tiled variant (the one specialised): measured against the
+    # generic one, the two are a near-tie on this small block, decided by noise
+    cm = aot.compile(m, (x,), placement="coverage", plan={"region": "iree-tiled"},
                      dynamic_shapes=({0: Dim("batch", min=1, max=8), 1: Dim("seq", min=4, max=64)},))
+    assert cm.manifest["variant"]["chosen"] == "iree-tiled"
     return m, cm
 
 
