@@ -119,7 +119,9 @@ def _step(msg: str):
 
 
 def cmd_compile(args) -> int:
+    from . import progress
     from .importer import ImportOptions, import_model
+    progress.show()
     from .lower.compile import compile_model, prepare
     from .lower.partition import partition, torch_mlir
     from .lower.placement import PlacementPolicy
@@ -296,6 +298,8 @@ def cmd_demo(args) -> int:
     import torch
     import aot
     import models
+    from aot import progress
+    progress.show()
     name = args.model
     model, example = models.get(name)
     _step(f"demo: compiling bundled model {name!r} for cpu (first run probes op coverage; "

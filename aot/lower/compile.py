@@ -25,6 +25,7 @@ import logging
 
 from ..errors import AotError, CompileFailed, UnsupportedOp
 from ..importer.program import ImportedProgram
+from ..progress import step
 from . import host_program
 from .bool_fills import bool_fills
 from .cost import MEASURED_FASTER
@@ -202,6 +203,8 @@ def _compile_split(imported: ImportedProgram, target: Target, policy: PlacementP
     demoted: dict[str, str] = {}
     for _ in range(_MAX_RECOVERY_ROUNDS + 1):
         p = partition(imported, target, policy, demoted=demoted)
+        step("compiling %s with IREE: %d ops compiled, %d kernel calls", imported.name,
+             sum(pl.where == "compiled" for pl in p.placements), len(p.kernel_calls))
         vmfb, diag = try_compile(p.mlir, target)
         if vmfb is not None:
             art = _artifact(p, vmfb, time.perf_counter() - t0)
@@ -275,6 +278,8 @@ def _coverage_variant(imported: ImportedProgram, target: Target, policy: Placeme
             return {}
         name, vtarget = "iree-coverage", target
     t0 = time.perf_counter()
+    step("compiling the %s variant (every op IREE covers compiled%s), to measure against "
+         "the per-op placement", name, ", data tiling" if tiled else "")
     try:
         p = partition(imported, vtarget, dataclasses.replace(policy, placement="coverage"),
                       demoted=demoted)

@@ -26,6 +26,7 @@ from torch.fx.node import map_aggregate
 from .coverage import _probe_graph, op_signature
 from .disk_cache import JsonCache
 from ..importer.dynamic import hint
+from ..progress import step
 from .targets import Target
 
 __all__ = ["Cost", "CostCache", "measure_nodes", "measure_decomposed", "MIN_FLOPS", "CROSSING_MS"]
@@ -236,6 +237,8 @@ def measure_nodes(nodes: list[torch.fx.Node], target: Target, cache: CostCache) 
             out[sig] = cost
     if not todo:
         return out
+    step("measuring %d heavy op signatures alone in ATen and IREE (once per machine, "
+         "then cached)", len(todo))
     aten, graphs = {}, {}
     for sig, n in todo.items():
         try:

@@ -19,9 +19,11 @@ from torch.fx.node import map_aggregate
 from ..importer.fx_import import import_graph
 from .disk_cache import JsonCache
 from .iree_compile import first_error, try_compile
+from ..progress import step
 from .targets import Target
 
 __all__ = ["Verdict", "CoverageCache", "op_signature", "probe_nodes"]
+
 log = logging.getLogger(__name__)
 
 
@@ -146,6 +148,8 @@ def probe_nodes(nodes: list[torch.fx.Node], target: Target,
     todo = {s: n for s, n in sigs.items() if verdicts[s] is None}
     if todo:
         log.info("probing %d op signatures for %s", len(todo), target.name)
+        step("probing which of %d op signatures IREE lowers for %s (once per machine, "
+             "then cached)", len(todo), target.name)
         fresh: dict[str, Verdict] = {}
         _bisect(todo, target, fresh)
         cache.put_all(fresh)

@@ -115,6 +115,7 @@ from ..fallback.executor import ExecOptions
 from ..fallback.layout import has_conv, layout_safe
 from ..importer.dynamic import resized
 from ..importer.program import ImportedProgram
+from ..progress import step
 from .cost import MIN_FLOPS, machine_key
 from .flops import node_flops
 from ..errors import UnsupportedOp
@@ -193,6 +194,8 @@ def choose_region(per_op: CompiledArtifact, imported: ImportedProgram, target: T
     key = program_key(imported, target, cands)
     region = _pinned(policy.plan, cands) or _cached(key, cands, target)
     if region is None:
+        step("timing %d candidates end to end on the example (%s), a few seconds",
+             len(cands), ", ".join(cands))
         stats = _time_candidates(cands, example, target)
         if "iree" not in stats:
             return per_op
