@@ -6,7 +6,7 @@
     aot keygen key.pem              (key.pem + key.pub, for aot sign / --verify)
     aot sign m.aot --key key.pem    (writes m.aot.sig; pip install 'aot[signing]')
     aot demo
-    aot bench [--quick]
+    aot bench [--quick] [--in-process]
 """
 
 from __future__ import annotations
@@ -339,6 +339,7 @@ def cmd_bench(args) -> int:
     runs = args.runs or (5 if args.quick else 30)
     min_s = args.min_seconds if args.min_seconds is not None else (0.0 if args.quick else 3.0)
     info = suite.machine_info(args.target)
+    info["in_process"] = args.in_process
 
     def partial(rows):  # an interrupted run keeps the models it finished
         suite.write_outputs(rows, info, runs, args.out)
@@ -348,7 +349,7 @@ def cmd_bench(args) -> int:
     try:
         rows = suite.run_suite(models, systems, runs, warmup=2 if args.quick else 5,
                                target=args.target, log=_step, min_seconds=min_s,
-                               on_model=partial)
+                               on_model=partial, in_process=args.in_process)
     except ValueError as e:
         raise SystemExit(f"aot: {e}")
     paths = suite.write_outputs(rows, info, runs, args.out)
@@ -428,23 +429,31 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--model", default="resnet18")
     d.add_argument("-o", "--output")
     d.set_defaults(fn=cmd_demo)
-    b = sub.add_parser("bench", help="benchmark eager, torch.compile, IREE and aot side by side")
+    b = sub.add_parser("bench", help="benchmark eager, torch.compile, IREE and aot side by "
+                       "side, each system in its own process")
     b.add_argument("--quick", action="store_true",
                    help="ResNet18 b1 + custom op, eager/iree-default/aot, 5 runs (a few minutes)")
     b.add_argument("--models", help="comma-separated: resnet18_b1, resnet18_b8, resnet18_int8, "
                    "bert, custom_op (the default set), torchvision's <name>_b1/_b8 for resnet50, "
                    "mobilenet_v2, mobilenet_v3_small, efficientnet_b0, vit_b_16, "
-                   "convnext_tiny, bert_base_b1/_b8, or a set: quick, default, zoo_b1, "
-                   "zoo_b8, zoo")
+                   "convnext_tiny, bert_base_b1/_b8; Hugging Face models from their configs "
+                   "(random weights): hf_bert_base_b1, distilbert_b1, t5_small_enc_b1, "
+                   "llama_small_b1; timm: timm_mobilevit_s_b1, timm_convnext_atto_b1, "
+                   "timm_efficientformer_l1_b1, timm_deit_tiny_b1; or a set: quick, "
+                   "default, zoo_b1, zoo_b8, zoo, hf, timm, real (hf + timm)")
     b.add_argument("--systems", help="comma-separated: eager, inductor, inductor-freezing, "
                    "aotinductor, onnxruntime, openvino, iree-default, aot, aot-coverage, "
-                   "aot-dynamic (batch dimension dynamic), or a set: quick, default (eager, "
-                   "inductor, iree-default, aot), peers (eager, the four peers, aot), all")
+                   "aot-stablehlo, aot-dynamic (batch dimension dynamic), or a set: quick, "
+                   "default (eager, inductor, iree-default, aot), peers (eager, the four "
+                   "peers, aot), all")
     b.add_argument("--runs", type=int, help="timed runs per system (default 30; quick 5)")
     b.add_argument("--min-seconds", type=float,
                    help="keep adding interleaved rounds (up to 2000 runs) until each system "
                    "has run this long: many more samples for fast models (default 3; quick 0)")
     b.add_argument("--target", default="cpu", help="cpu or cuda")
+    b.add_argument("--in-process", action="store_true",
+                   help="build and time every system in this one process (their thread "
+                   "pools then interfere) instead of one worker process per system")
     b.add_argument("--out", default="bench-results", help="output folder (md, json, png)")
     b.set_defaults(fn=cmd_bench)
     return p

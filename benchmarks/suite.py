@@ -19,30 +19,41 @@ Systems (each skipped with its reason where it cannot run the model):
   timed at the example's batch; the summary compares it with ``aot`` (one artifact per
   shape) in the same run. The sweep over batch sizes is ``benchmarks/dynamic_sweep.py``.
 
-Systems are timed in blocks: per round, each system is called untimed for at least
-``WARM_S`` (one call at least), then ``BLOCK`` timed calls. Worker threads the
-previous system left spinning (ONNX Runtime's, OpenVINO's, IREE's, OpenMP's) settle
-during the untimed calls, not during a timed one. (A 5 ms sleep before each single
-timed call, as before, left every system cold: after a sleep a program runs slower
-than its steady state for several calls, so eager MobileNetV3-Small measured 11.7 ms
-here against 7.8 ms run alone.) Every system's
-output is checked against eager's once after building: the row
-gives the largest difference relative to the output's largest magnitude, and a
-system beyond ``REL_TOL`` is marked wrong (timed all the same). Denormals are left
-as each system leaves them (nothing here sets flush-to-zero); the table's header
-says whether the models' eager activations contain denormals
-(``models/zoo.py``).
+Models: the bundled ones (ResNet18, its int8 version, a small BERT, the custom-op
+model), torchvision's zoo at batch 1 and 8 (``models/zoo.py``), and real-world
+architectures with random weights, nothing downloaded: Hugging Face models built
+from their configs (``models/hf.py``: BERT-base, DistilBERT, T5-small's encoder, a
+small Llama) and timm models (``models/timm_zoo.py``). ``MODEL_SETS`` names groups.
 
-Blocks are interleaved (each round gives every system one block, the order
-rotating from one round to the next) after a warm-up, so slow drifts of the
-machine, and what one system leaves running for the next, hit all alike. After
-``runs`` timed calls, systems that have not yet run ``min_seconds`` in total go on, still
-interleaved with each other (fast models get hundreds of samples). Per row: median
-and spread (10th-90th percentile) of latency, throughput, speed relative to
-eager, compile time, peak resident memory while running, and kernel-call
-crossings per inference. Peak memory is the resident memory a call adds on top
-of what was resident before it (Linux ``VmHWM`` reset per call; CUDA memory
-that IREE allocates is not counted). Outputs: Markdown table, JSON, PNG chart.
+Processes: each system is built and timed in its own worker process, and a
+coordinator (this process) interleaves them round by round, one worker running at a
+time while the others sleep on their pipes (``benchmarks/isolated.py``): the thread
+pools of ONNX Runtime, OpenVINO, IREE and torch's OpenMP would otherwise share the
+cores and slow whichever system runs next. ``in_process=True`` (``aot bench
+--in-process``) builds and times all systems in this process instead, to reproduce
+that interference.
+
+Timing, in either layout: in rounds; per round each system gets one block, untimed
+calls for at least ``WARM_S`` (one call at least: threads wake, caches refill, and
+a program is slower than its steady state for a few calls after a pause), then
+``BLOCK`` timed calls. The order of the systems rotates from one round to the next,
+so slow drifts of the machine, and what one system leaves behind for the next, hit
+all alike. After ``runs`` timed calls, systems that have not yet run
+``min_seconds`` in total go on (up to ``MAX_RUNS``), still interleaved with each
+other (fast models get hundreds of samples).
+
+Checks: every system's output is compared with eager's once after building: the
+row gives the largest difference relative to the output's largest magnitude, and a
+system beyond ``REL_TOL`` is marked wrong (timed all the same). Denormals are left
+as each system leaves them (nothing here sets flush-to-zero; ``models/zoo.py`` says
+which models' eager activations contain any).
+
+Per row: median and spread (10th-90th percentile) of latency, throughput, speed
+relative to eager, compile time, peak resident memory while running, and
+kernel-call crossings per inference. Peak memory is the resident memory a call adds
+on top of what was resident before it (Linux ``VmHWM`` reset per call; CUDA memory
+that IREE allocates is not counted). Outputs: Markdown table (its header names the
+machine and the process layout), JSON, PNG chart.
 Benchmarks are never timed assertions in tests.
 """
 
@@ -58,7 +69,8 @@ from typing import Callable
 
 import torch
 
-__all__ = ["BENCH_MODELS", "SYSTEMS", "Row", "run_suite", "machine_info", "write_outputs"]
+__all__ = ["BENCH_MODELS", "MODEL_SETS", "SYSTEMS", "Row", "run_suite", "run_model",
+           "machine_info", "write_outputs"]
 
 SYSTEMS = ("eager", "inductor", "inductor-freezing", "aotinductor", "onnxruntime", "openvino",
            "iree-default", "aot", "aot-coverage", "aot-stablehlo", "aot-dynamic")
@@ -112,6 +124,20 @@ def _bert_base(batch):
     return make
 
 
+def _hf(name, batch):
+    def make():
+        from models.hf import hf_model
+        return hf_model(name, batch)
+    return make
+
+
+def _timm(name, batch):
+    def make():
+        from models.timm_zoo import timm_model
+        return timm_model(name, batch)
+    return make
+
+
 BENCH_MODELS: dict[str, Callable] = {
     "resnet18_b1": _resnet18(1), "resnet18_b8": _resnet18(8), "resnet18_int8": _int8,
     "bert": _bert, "custom_op": _custom_op,
@@ -124,11 +150,23 @@ for _name in _ZOO:
         BENCH_MODELS.setdefault(f"{_name}_b{_b}", _vision(_name, _b))
 for _b in (1, 8):
     BENCH_MODELS[f"bert_base_b{_b}"] = _bert_base(_b)
-# named model sets for ``--models``: the zoo of issue 15 at batch 1 and 8
+# Hugging Face models from their configs (models/hf.py; BERT-base itself, beside the
+# bundled encoder at its width) and timm models (models/timm_zoo.py), random weights
+_HF = {"hf_bert_base": "bert_base", "distilbert": "distilbert", "t5_small_enc": "t5_small_enc",
+       "llama_small": "llama_small"}
+_TIMM = ("mobilevit_s", "convnext_atto", "efficientformer_l1", "deit_tiny")
+for _name, _hf_name in _HF.items():
+    BENCH_MODELS[f"{_name}_b1"] = _hf(_hf_name, 1)
+for _name in _TIMM:
+    BENCH_MODELS[f"timm_{_name}_b1"] = _timm(_name, 1)
+# named model sets for ``--models``: the zoo of issue 15 at batch 1 and 8; real-world
+# architectures from transformers and timm at batch 1
 MODEL_SETS = {"quick": QUICK_MODELS, "default": DEFAULT_MODELS,
               "zoo_b1": tuple(f"{m}_b1" for m in _ZOO) + ("bert_base_b1",),
-              "zoo_b8": tuple(f"{m}_b8" for m in _ZOO) + ("bert_base_b8",)}
+              "zoo_b8": tuple(f"{m}_b8" for m in _ZOO) + ("bert_base_b8",),
+              "hf": tuple(f"{m}_b1" for m in _HF), "timm": tuple(f"timm_{m}_b1" for m in _TIMM)}
 MODEL_SETS["zoo"] = MODEL_SETS["zoo_b1"] + MODEL_SETS["zoo_b8"]
+MODEL_SETS["real"] = MODEL_SETS["hf"] + MODEL_SETS["timm"]
 SYSTEM_SETS = {"quick": QUICK_SYSTEMS, "default": DEFAULT_SYSTEMS, "peers": PEER_SYSTEMS,
                "all": SYSTEMS}
 
@@ -159,6 +197,7 @@ class Row:
     kernel_calls_per_run: float | None = None
     skipped: str | None = None
     samples_ms: list = field(default_factory=list)
+    pid: int | None = None  # the process that built and timed it
 
 
 def machine_info(target: str) -> dict:
@@ -258,18 +297,99 @@ def _first_line(e: BaseException) -> str:
 MAX_RUNS = 2000
 
 
-def run_model(name: str, systems, runs: int, warmup: int, target: str,
-              log: Callable[[str], None], min_seconds: float = 0.0) -> list[Row]:
-    """At least ``runs`` timed calls per system in interleaved blocks, more until every
-    system ran ``min_seconds``."""
+def load_model(name: str, target: str):
+    """``(model, example, batch)`` of benchmark model ``name``, on ``target``'s device.
+    The global seed is set first, so every process that loads the model gets the same
+    weights even from a factory that does not seed itself."""
+    torch.manual_seed(0)
     model, example = BENCH_MODELS[name]()
     if target == "cuda":
         model = model.cuda()
         example = tuple(x.cuda() if isinstance(x, torch.Tensor) else x for x in example)
     batch = next((x.shape[0] for x in example if isinstance(x, torch.Tensor)), 1)
+    return model, example, batch
+
+
+def choice(counter) -> str | None:
+    """What an aot build chose (its region or variant, else ``per-op``), to read its row by."""
+    if counter is None:
+        return None
+    m = counter.manifest
+    return (m.get("region") or m.get("variant") or {}).get("chosen") or "per-op"
+
+
+def wants_more(samples: list, runs: int, min_seconds: float) -> bool:
+    """The stopping rule: a system goes on until it has ``runs`` samples and, unless it
+    reached ``MAX_RUNS``, ``min_seconds`` of timed calls (fast models get many samples,
+    a slow baseline is not run for minutes)."""
+    return len(samples) < runs or (len(samples) < MAX_RUNS and sum(samples) < min_seconds * 1e3)
+
+
+def time_block(fn, example, sync, counter=None) -> tuple[list[float], float, int | None]:
+    """One block: untimed calls for ``WARM_S``, then ``BLOCK`` timed calls.
+
+    ``(samples in ms, peak resident memory a call added in MB, kernel calls the timed
+    calls made, None without a counter)``."""
+    _warm(fn, example, sync)  # untimed: threads wake up, caches refill
+    counted = counter.kernel_call_count if counter is not None else 0
+    samples, peak = [], 0.0
+    for _ in range(BLOCK):
+        _reset_peak_rss()
+        before = _status_mb("VmRSS") or 0.0
+        sync()
+        t = time.perf_counter()
+        fn(*example)
+        sync()
+        samples.append((time.perf_counter() - t) * 1e3)
+        # memory the call itself needed on top of what was resident before it
+        peak = max(peak, (_status_mb("VmHWM") or before) - before)
+    calls = counter.kernel_call_count - counted if counter is not None else None
+    return samples, peak, calls
+
+
+def finish_rows(rows: dict, samples: dict, peaks: dict, calls: dict) -> list[Row]:
+    """Fill each timed row's statistics from its samples; speed relative to eager's row.
+
+    ``calls[s]``: kernel calls over all timed calls, or None for a system without a
+    counter (0 per run then, except inductor's, which nothing counts)."""
+    for s, xs in samples.items():
+        r, xs = rows[s], sorted(samples[s])
+        r.samples_ms = [round(x, 4) for x in samples[s]]
+        r.median_ms = statistics.median(xs)
+        r.p10_ms, r.p90_ms = xs[int(0.1 * (len(xs) - 1))], xs[int(round(0.9 * (len(xs) - 1)))]
+        r.throughput_per_s = r.batch / (r.median_ms / 1e3)
+        r.peak_rss_mb = round(peaks[s], 1)
+        if calls.get(s) is not None:
+            r.kernel_calls_per_run = calls[s] / len(xs)
+        elif s != "inductor":
+            r.kernel_calls_per_run = 0.0
+    eager = rows.get("eager")
+    for r in rows.values():
+        if eager and eager.median_ms and r.median_ms:
+            r.speed_vs_eager = eager.median_ms / r.median_ms
+    return list(rows.values())
+
+
+def run_model(name: str, systems, runs: int, warmup: int, target: str,
+              log: Callable[[str], None], min_seconds: float = 0.0,
+              in_process: bool = False) -> list[Row]:
+    """At least ``runs`` timed calls per system in interleaved blocks, more until every
+    system ran ``min_seconds``: each system in its own worker process
+    (``benchmarks/isolated.py``), or all in this one with ``in_process``."""
+    if not in_process:
+        from .isolated import run_model_isolated
+        return run_model_isolated(name, systems, runs, warmup, target, log, min_seconds)
+    return run_model_in_process(name, systems, runs, warmup, target, log, min_seconds)
+
+
+def run_model_in_process(name: str, systems, runs: int, warmup: int, target: str,
+                         log: Callable[[str], None], min_seconds: float = 0.0) -> list[Row]:
+    """``run_model`` with every system built and timed in this process (their thread
+    pools share it: what one leaves spinning slows the next)."""
+    model, example, batch = load_model(name, target)
     rows, fns, counters = {}, {}, {}
     for s in systems:
-        rows[s] = Row(name, s, target, batch)
+        rows[s] = Row(name, s, target, batch, pid=os.getpid())
         log(f"{name}: building {s} ...")
         try:
             fn, secs, counter = _build(s, model, example, target)
@@ -278,12 +398,12 @@ def run_model(name: str, systems, runs: int, warmup: int, target: str,
             log(f"{name}: {s} skipped ({rows[s].skipped})")
             continue
         fns[s], counters[s] = fn, counter
-        if counter is not None:  # what aot chose, to read the row by
-            m = counter.manifest
-            rows[s].choice = ((m.get("region") or m.get("variant") or {}).get("chosen")
-                              or "per-op")
+        rows[s].choice = choice(counter)
         rows[s].compile_s = round(secs, 2)
     sync = torch.cuda.synchronize if target == "cuda" else (lambda: None)
+    samples = {s: [] for s in fns}
+    peaks = {s: 0.0 for s in fns}
+    calls = {s: None if counters[s] is None else 0 for s in fns}
     with torch.no_grad():
         want = model(*example)
         for s, fn in fns.items():
@@ -293,57 +413,24 @@ def run_model(name: str, systems, runs: int, warmup: int, target: str,
                     "magnitude)")
             for _ in range(warmup):
                 fn(*example)
-        # kernel calls made by the timed calls only (the untimed ones before each block
-        # make calls too)
-        crossings = {s: 0 for s, c in counters.items() if c is not None}
-        peaks = {s: 0.0 for s in fns}
-        samples = {s: [] for s in fns}
-        log(f"{name}: timing {len(fns)} systems x {runs}+ runs in interleaved blocks ...")
+        log(f"{name}: timing {len(fns)} systems x {runs}+ runs in interleaved blocks, "
+            "in this process ...")
         done = 0
         while True:
-            # after ``runs`` rounds, only systems that have not yet run ``min_seconds``
-            # go on (still interleaved with each other): fast models get many samples,
-            # a slow baseline is not run for minutes
-            active = {s: fn for s, fn in fns.items() if len(samples[s]) < runs or (
-                len(samples[s]) < MAX_RUNS and sum(samples[s]) < min_seconds * 1e3)}
+            active = [s for s in fns if wants_more(samples[s], runs, min_seconds)]
             if not active:
                 break
             # the order rotates every round, so each system follows each other one
             # equally often (a call runs slower right after IREE's worker threads ran)
-            order = list(active.items())
-            k = done % len(order)
+            k = done % len(active)
             done += 1
-            for s, fn in order[k:] + order[:k]:
-                _warm(fn, example, sync)  # untimed: the previous system's threads settle
-                counted = counters[s].kernel_call_count if s in crossings else 0
-                for _ in range(BLOCK):
-                    _reset_peak_rss()
-                    before = _status_mb("VmRSS") or 0.0
-                    sync()
-                    t = time.perf_counter()
-                    fn(*example)
-                    sync()
-                    samples[s].append((time.perf_counter() - t) * 1e3)
-                    # memory the call itself needed on top of what was resident before it
-                    peaks[s] = max(peaks[s], (_status_mb("VmHWM") or before) - before)
-                if s in crossings:
-                    crossings[s] += counters[s].kernel_call_count - counted
-    for s in fns:
-        r, xs = rows[s], sorted(samples[s])
-        r.samples_ms = [round(x, 4) for x in samples[s]]
-        r.median_ms = statistics.median(xs)
-        r.p10_ms, r.p90_ms = xs[int(0.1 * (len(xs) - 1))], xs[int(round(0.9 * (len(xs) - 1)))]
-        r.throughput_per_s = batch / (r.median_ms / 1e3)
-        r.peak_rss_mb = round(peaks[s], 1)
-        if s in crossings:
-            r.kernel_calls_per_run = crossings[s] / len(xs)
-        elif s != "inductor":
-            r.kernel_calls_per_run = 0.0
-    eager = rows.get("eager")
-    for r in rows.values():
-        if eager and eager.median_ms and r.median_ms:
-            r.speed_vs_eager = eager.median_ms / r.median_ms
-    return list(rows.values())
+            for s in active[k:] + active[:k]:
+                xs, peak, n = time_block(fns[s], example, sync, counters[s])
+                samples[s] += xs
+                peaks[s] = max(peaks[s], peak)
+                if n is not None:
+                    calls[s] += n
+    return finish_rows(rows, samples, peaks, calls)
 
 
 def _warm(fn, example, sync) -> None:
@@ -358,9 +445,11 @@ def _warm(fn, example, sync) -> None:
 
 def run_suite(models, systems, runs: int, warmup: int, target: str,
               log: Callable[[str], None] = print, min_seconds: float = 0.0,
-              on_model: Callable[[list[Row]], None] | None = None) -> list[Row]:
-    """Time ``systems`` on ``models``; ``on_model(rows so far)`` runs after each model
-    (``aot bench`` writes its outputs there, so an interrupted run keeps what it measured)."""
+              on_model: Callable[[list[Row]], None] | None = None,
+              in_process: bool = False) -> list[Row]:
+    """Time ``systems`` on ``models``, each system in its own worker process (all in this
+    one with ``in_process``); ``on_model(rows so far)`` runs after each model (``aot
+    bench`` writes its outputs there, so an interrupted run keeps what it measured)."""
     unknown = [m for m in models if m not in BENCH_MODELS]
     if unknown:
         raise ValueError(f"unknown benchmark model(s) {unknown}; choose from {sorted(BENCH_MODELS)}")
@@ -370,7 +459,8 @@ def run_suite(models, systems, runs: int, warmup: int, target: str,
     rows = []
     for m in models:
         try:
-            rows += run_model(m, systems, runs, warmup, target, log, min_seconds)
+            rows += run_model(m, systems, runs, warmup, target, log, min_seconds,
+                              in_process)
         except Exception as e:  # e.g. torchvision missing for the int8 model
             rows += [Row(m, s, target, 0, skipped=_first_line(e)) for s in systems]
             log(f"{m}: skipped ({_first_line(e)})")
@@ -424,11 +514,21 @@ def summary(rows: list[Row]) -> str:
 
 
 def markdown(rows: list[Row], info: dict, runs: int) -> str:
+    """The table, with a header naming the machine and how the rows were measured.
+    ``info["in_process"]`` (else: whether a row was timed in this process) says whether
+    the systems shared one process."""
+    in_process = info.get("in_process")
+    if in_process is None:
+        in_process = any(r.pid == os.getpid() for r in rows)
+    layout = ("All systems ran in one process (--in-process: their thread pools share it)"
+              if in_process else
+              "Each system ran in its own worker process, one process at a time")
     head = (f"Machine: {info['cpu']}, {info['cores']} cores, torch {info['torch']} "
             f"({info['torch_threads']} threads), IREE {info['iree']}"
-            + (f", GPU {info['gpu']}" if "gpu" in info else "") + f"; target {info['target']}; "
-            f"medians of at least {runs} runs, timed in interleaved blocks of {BLOCK} after "
-            f"{WARM_S * 1e3:.0f} ms of untimed calls (runs per row "
+            + (f", GPU {info['gpu']}" if "gpu" in info else "") + f"; target {info['target']}. "
+            f"{layout}, interleaved round by round (the order rotating every round): per "
+            f"round, {WARM_S * 1e3:.0f} ms of untimed calls, then a block of {BLOCK} timed "
+            f"ones. Median and 10th–90th percentile of at least {runs} runs (runs per row "
             "in the table). Denormals: left as each system leaves them (no flush-to-zero "
             "set). Error: largest |system - eager| over the largest |eager|; "
             f"beyond {REL_TOL:g} the row is marked ✗.\n\n")

@@ -18,7 +18,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-__all__ = ["VISION", "vision_model", "bert_base"]
+__all__ = ["VISION", "vision_model", "bert_base", "plausible_statistics"]
 
 VISION = ("resnet18", "resnet50", "mobilenet_v2", "mobilenet_v3_small", "efficientnet_b0",
           "vit_b_16", "convnext_tiny")
@@ -33,14 +33,22 @@ def vision_model(name: str, batch: int = 1, seed: int = 0):
     torch.manual_seed(seed)
     m = getattr(torchvision.models, name)(weights=None).eval()
     g = torch.Generator().manual_seed(seed)
+    plausible_statistics(m, g)
+    return m, (torch.randn(batch, 3, 224, 224, generator=g),)
+
+
+def plausible_statistics(model: nn.Module, g: torch.Generator) -> None:
+    """Batch-norm running statistics drawn from ``g`` (mean in [-0.1, 0.1], variance in
+    [0.5, 1.5]) and normal weights (std 0.02) for a linear layer left all zero, in
+    module order, so that a randomly initialised model's output is neither all zeros
+    nor blown up."""
     with torch.no_grad():
-        for mod in m.modules():
+        for mod in model.modules():
             if isinstance(mod, nn.BatchNorm2d):
                 mod.running_mean.uniform_(-0.1, 0.1, generator=g)
                 mod.running_var.uniform_(0.5, 1.5, generator=g)
             elif isinstance(mod, nn.Linear) and not mod.weight.any():
                 mod.weight.normal_(0.0, 0.02, generator=g)
-    return m, (torch.randn(batch, 3, 224, 224, generator=g),)
 
 
 def bert_base(batch: int = 1, seq: int = 128, seed: int = 0):

@@ -47,7 +47,10 @@ def test_bench_peers_on_a_small_model(tmp_path, monkeypatch):
         return m.eval(), (torch.randn(2, 32),)
     monkeypatch.setitem(suite.BENCH_MODELS, "tiny", small)
     systems = ["eager", "onnxruntime", "openvino", "aot"]
-    rows = suite.run_suite(["tiny"], systems, runs=3, warmup=1, target="cpu", log=lambda s: None)
+    # in process: the worker processes of the default layout build models by name and
+    # would not see this one
+    rows = suite.run_suite(["tiny"], systems, runs=3, warmup=1, target="cpu", log=lambda s: None,
+                           in_process=True)
     by = {r.system: r for r in rows}
     for s in systems:
         r = by[s]
