@@ -29,6 +29,7 @@ from .codegen import GroupFunction, Member
 from .entry_points import entry_point
 from .cuda_graph import GraphedRegion
 from .layout import CONV_OPS, ChannelsLast, has_conv, layout_safe
+from .omp_threads import on_this_thread_alone
 from .prepack import DEFERRED, plan_fusions
 from .quantized_ops import FLOAT_MATH_IMPLS, IMPLS, PREPACKED, packing_engine_available
 from .quantized_ops import NAMESPACE as QUANTIZED_NAMESPACE
@@ -80,6 +81,11 @@ class ExecOptions:
     ``int8_float_math``: a PT2E program, whose int8 convolutions and linears mean the
     converted model's float math: their kernel calls compute it where ATen's int8
     kernel would saturate (``aot.fallback.quantized_ops``).
+    ``one_thread_calls``: keys of kernel calls that run on the calling thread alone
+    (``torch.set_num_threads(1)`` for the call, this thread only), chosen at compile
+    (``aot.lower.threads``): light ATen ops between compiled dispatches, where waking
+    torch's OpenMP team costs more than it saves, because its threads then spin on
+    the cores IREE's workers need for the next dispatch.
     """
 
     memory_format: str = "contiguous"
@@ -87,11 +93,13 @@ class ExecOptions:
     prepack: bool = False
     quantized_engine: str | None = None
     int8_float_math: bool = False
+    one_thread_calls: tuple[str, ...] = ()
 
     def to_json(self) -> dict:
         return {"memory_format": self.memory_format, "cuda_graphs": self.cuda_graphs,
                 "prepack": self.prepack, "quantized_engine": self.quantized_engine,
-                "int8_float_math": self.int8_float_math}
+                "int8_float_math": self.int8_float_math,
+                "one_thread_calls": list(self.one_thread_calls)}
 
     @staticmethod
     def from_json(d: dict | None) -> "ExecOptions":
@@ -105,8 +113,12 @@ class ExecOptions:
             raise ArtifactError(f"the artifact packs quantized weights with the {engine!r} "
                                 "engine, which this torch build lacks (engines: "
                                 f"{torch.backends.quantized.supported_engines})", stage="load")
+        one = d.get("one_thread_calls") or []
+        if not isinstance(one, list) or not all(isinstance(k, str) for k in one):
+            raise ArtifactError("executor one_thread_calls should be a list of kernel-call "
+                                "keys", stage="load")
         return ExecOptions(fmt, bool(d.get("cuda_graphs", True)), bool(d.get("prepack", False)),
-                           engine, bool(d.get("int8_float_math", False)))
+                           engine, bool(d.get("int8_float_math", False)), tuple(one))
 
 
 _from_dlpack = torch._C._from_dlpack  # torch.from_dlpack without its Python dispatch
@@ -451,9 +463,17 @@ def make_host_module(specs: list[KernelCallSpec], device, driver: str,
     """
     iface = rt.PyModuleInterface(HOST_MODULE, lambda _iface: object())
     host = HostModule(None, iface)  # type: ignore[arg-type]
+    unknown = set(options.one_thread_calls) - {s.key for s in specs}
+    if unknown:
+        raise ArtifactError(f"executor one_thread_calls names {sorted(unknown)}, which are not "
+                            "kernel calls of this artifact", stage="load")
     for spec in specs:
         fn = _KernelCall(spec, device, driver, host, options, constants)
         host.functions[spec.key] = fn
-        iface.export(spec.key, spec.cconv, fn.simple_entry if fn.simple else fn.host_entry)
+        entry = fn.simple_entry if fn.simple else fn.host_entry
+        if spec.key in options.one_thread_calls:
+            entry = on_this_thread_alone(entry)
+        iface.export(spec.key, spec.cconv, entry)
     host.vm_module = iface.create()
     return host
+

@@ -40,6 +40,7 @@ from .regions import choose_region, pick_variant, worth_measuring
 from .specialize import specialize, worth_specializing
 from .tiling import DYNAMIC_UNSAFE, safe_for_dynamic, tiled_target, worth_tiling
 from .targets import Target
+from .threads import one_thread_calls
 
 __all__ = ["compile_program", "compile_model", "prepare", "program_target", "stablehlo_module"]
 log = logging.getLogger(__name__)
@@ -375,7 +376,8 @@ def _manifest(imported: ImportedProgram, target: Target, policy: PlacementPolicy
                    "placement": policy.placement},
         "executor": ExecOptions(
             quantized_engine=compile_engine(imported.exported.graph),
-            int8_float_math=imported.pt2e).to_json(),
+            int8_float_math=imported.pt2e,
+            one_thread_calls=one_thread_calls(placements, kernel_calls, target)).to_json(),
         "whole_program_call": whole_program_call,
         "compile_seconds": round(seconds, 3),
         "vmfb_sha256": hashlib.sha256(vmfb).hexdigest(),
