@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from .errors import (AotError, ArtifactError, CompileFailed, ExportFailed, InputMismatch,
                      InternalError, KernelCallFailed, UnsupportedOp)
+from . import progress
 from .runtime.loading import load
 from .torch_tensor import QuantParams, TorchTensor
 
