@@ -10,6 +10,7 @@ and the program is partitioned and compiled again.
 
 from __future__ import annotations
 
+import concurrent.futures
 import hashlib
 import re
 import time
@@ -204,13 +205,18 @@ def _compile_split(imported: ImportedProgram, target: Target, policy: PlacementP
     demoted: dict[str, str] = {}
     for _ in range(_MAX_RECOVERY_ROUNDS + 1):
         p = partition(imported, target, policy, demoted=demoted)
-        step("compiling %s with IREE: %d ops compiled, %d kernel calls", imported.name,
-             sum(pl.where == "compiled" for pl in p.placements), len(p.kernel_calls))
-        vmfb, diag = try_compile(p.mlir, target)
+        # the variant (if any) compiles beside the per-op module: each iree-compile
+        # keeps about one core busy, and they are independent
+        variant = _variant_program(imported, target, policy, demoted, p) \
+            if example is not None else None
+        with concurrent.futures.ThreadPoolExecutor(1) as pool:
+            pending = pool.submit(_compile_variant, *variant) if variant else None
+            step("compiling %s with IREE: %d ops compiled, %d kernel calls", imported.name,
+                 sum(pl.where == "compiled" for pl in p.placements), len(p.kernel_calls))
+            vmfb, diag = try_compile(p.mlir, target)
+            variants = pending.result() if pending is not None and vmfb is not None else {}
         if vmfb is not None:
             art = _artifact(p, vmfb, time.perf_counter() - t0)
-            variants = _coverage_variant(imported, target, policy, demoted, art) \
-                if example is not None else {}
             if example is not None and imported.symbols:
                 art, variants = _specialized(art, variants, imported, target, policy)
             if example is not None and worth_measuring(imported, art, target, policy):
@@ -253,10 +259,11 @@ def _specialized(art: CompiledArtifact, variants: dict, imported: ImportedProgra
     return art, variants
 
 
-def _coverage_variant(imported: ImportedProgram, target: Target, policy: PlacementPolicy,
-                      demoted: dict, per_op: CompiledArtifact) -> dict[str, CompiledArtifact]:
-    """The program partitioned as ``placement="coverage"`` (everything IREE covers
-    compiled), to measure against the per-op placement, or ``{}``:
+def _variant_program(imported: ImportedProgram, target: Target, policy: PlacementPolicy,
+                     demoted: dict, per_op: PartitionedProgram):
+    """``(name, partitioned program, imported name)`` of the program partitioned as
+    ``placement="coverage"`` (everything IREE covers compiled), to measure against the
+    per-op placement ``per_op``, or None:
 
     - ``iree-tiled``: compiled with data tiling and microkernels, where ``tiling``
       says matmuls carry the program (its tiled matmuls are what is worth measuring);
@@ -272,24 +279,36 @@ def _coverage_variant(imported: ImportedProgram, target: Target, policy: Placeme
     if tiled:
         name, vtarget = "iree-tiled", tiled_target(target, dynamic=bool(imported.symbols))
     else:
-        measured = [pl for pl in per_op.manifest["placements"] if pl["where"] != "compiled"]
-        if policy.placement != "auto" or not 0 < len(measured) <= COVERAGE_MAX_CALLS or any(
-                not pl["reason"].startswith(MEASURED_FASTER) for pl in measured) \
-                or not worth_measuring(imported, per_op, target, policy):
-            return {}
+        measured = [pl for pl in per_op.placements if pl.where != "compiled"]
+        # measured is not empty, so the per-op artifact has kernel calls: the region is
+        # measured where the options allow (worth_measuring)
+        if policy.placement != "auto" or policy.fallback != "auto" or policy.fallback_ops \
+                or not 0 < len(measured) <= COVERAGE_MAX_CALLS \
+                or any(not pl.reason.startswith(MEASURED_FASTER) for pl in measured) \
+                or not (target.driver.startswith("local") or torch.cuda.is_available()):
+            return None
         name, vtarget = "iree-coverage", target
-    t0 = time.perf_counter()
     step("compiling the %s variant (every op IREE covers compiled%s), to measure against "
          "the per-op placement", name, ", data tiling" if tiled else "")
     try:
         p = partition(imported, vtarget, dataclasses.replace(policy, placement="coverage"),
                       demoted=demoted)
-        vmfb, diag = try_compile(p.mlir, p.target)
     except Exception as e:  # a variant that cannot be built is not a candidate
         log.info("no %s variant of %s: %s", name, imported.name, e)
+        return None
+    return name, p, imported.name
+
+
+def _compile_variant(name: str, p: PartitionedProgram, what: str) -> dict[str, CompiledArtifact]:
+    """``{name: artifact}`` of a variant's program, or ``{}`` where IREE fails on it."""
+    t0 = time.perf_counter()
+    try:
+        vmfb, diag = try_compile(p.mlir, p.target)
+    except Exception as e:  # a variant that cannot be built is not a candidate
+        log.info("no %s variant of %s: %s", name, what, e)
         return {}
     if vmfb is None:
-        log.info("no %s variant of %s: %s", name, imported.name, first_error(diag))
+        log.info("no %s variant of %s: %s", name, what, first_error(diag))
         return {}
     return {name: _artifact(p, vmfb, time.perf_counter() - t0)}
 
