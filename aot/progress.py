@@ -31,11 +31,24 @@ class _Elapsed(logging.Formatter):
         return f"[aot] {time.perf_counter() - self.t0:6.1f}s  {record.getMessage()}"
 
 
+class _Stream(logging.StreamHandler):
+    """Writes to ``stream``, or to whatever ``sys.stderr`` is at each line."""
+
+    def __init__(self, stream=None):
+        super().__init__(stream or sys.stderr)
+        self.fixed = stream is not None
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if not self.fixed:
+            self.stream = sys.stderr
+        super().emit(record)
+
+
 def show(stream=None) -> None:
     """Print progress lines on ``stream`` (stderr), each with the seconds since this call."""
     if any(getattr(h, "_aot_progress", False) for h in log.handlers):
         return
-    h = logging.StreamHandler(stream or sys.stderr)
+    h = _Stream(stream)
     h.setFormatter(_Elapsed())
     h._aot_progress = True  # type: ignore[attr-defined]
     log.addHandler(h)
