@@ -37,7 +37,7 @@ from ..importer.locations import node_location
 from .fold_bn import fold_batch_norm
 from .fold_constants import fold_constants
 from .recover import blame, grow
-from .regions import choose_region, pick_variant, worth_measuring
+from .regions import choose_region, may_measure, pick_variant, worth_measuring
 from .specialize import specialize, worth_specializing
 from .tiling import DYNAMIC_UNSAFE, safe_for_dynamic, tiled_target, worth_tiling
 from .targets import Target
@@ -281,11 +281,9 @@ def _variant_program(imported: ImportedProgram, target: Target, policy: Placemen
     else:
         measured = [pl for pl in per_op.placements if pl.where != "compiled"]
         # measured is not empty, so the per-op artifact has kernel calls: the region is
-        # measured where the options allow (worth_measuring)
-        if policy.placement != "auto" or policy.fallback != "auto" or policy.fallback_ops \
-                or not 0 < len(measured) <= COVERAGE_MAX_CALLS \
-                or any(not pl.reason.startswith(MEASURED_FASTER) for pl in measured) \
-                or not (target.driver.startswith("local") or torch.cuda.is_available()):
+        # measured where the options and the device allow (worth_measuring)
+        if not may_measure(target, policy) or not 0 < len(measured) <= COVERAGE_MAX_CALLS \
+                or any(not pl.reason.startswith(MEASURED_FASTER) for pl in measured):
             return None
         name, vtarget = "iree-coverage", target
     step("compiling the %s variant (every op IREE covers compiled%s), to measure against "

@@ -122,7 +122,7 @@ from ..errors import UnsupportedOp
 from .placement import KERNEL_CALL, Placement, PlacementPolicy
 from .targets import Target
 
-__all__ = ["worth_measuring", "choose_region", "choice", "program_key", "read_plan", "plan_of", "RUNS", "BUDGET_S", "MARGIN"]
+__all__ = ["may_measure", "worth_measuring", "choose_region", "choice", "program_key", "read_plan", "plan_of", "RUNS", "BUDGET_S", "MARGIN"]
 log = logging.getLogger(__name__)
 
 _QUANTIZED_MM = {f"{QUANTIZED_NAMESPACE}::conv2d", f"{QUANTIZED_NAMESPACE}::linear"}
@@ -141,7 +141,7 @@ NOISY = 0.10      # a spread (half IQR) over this fraction of a median is a nois
 MARGIN = 0.03     # leads within this fraction are near-ties, settled by ``_ORDER``
 
 
-def _may_measure(target: Target, policy: PlacementPolicy) -> bool:
+def may_measure(target: Target, policy: PlacementPolicy) -> bool:
     """Default options and the target device on this machine."""
     if policy.fallback != "auto" or policy.placement != "auto" or policy.fallback_ops:
         return False
@@ -150,8 +150,8 @@ def _may_measure(target: Target, policy: PlacementPolicy) -> bool:
 
 def worth_measuring(imported: ImportedProgram, per_op: CompiledArtifact, target: Target,
                     policy: PlacementPolicy) -> bool:
-    """``_may_measure``, and kernel calls or at least one heavy op (or quantized conv/linear)."""
-    if not _may_measure(target, policy):
+    """``may_measure``, and kernel calls or at least one heavy op (or quantized conv/linear)."""
+    if not may_measure(target, policy):
         return False
     if per_op.manifest["kernel_calls"]:
         return True
