@@ -3,6 +3,9 @@
 Systems (each skipped with its reason where it cannot run the model):
 
 - ``eager``: the model as PyTorch runs it;
+- ``eager-heap``: the same, with the C heap keeping freed memory as an artifact's
+  process does (``aot.fallback.heap``): which share of aot's speed is the heap's, and
+  what a user gets from eager who sets glibc's thresholds (``GLIBC_TUNABLES``) alike;
 - ``inductor``: ``torch.compile(model)`` (default mode);
 - ``inductor-freezing``, ``aotinductor``, ``onnxruntime``, ``openvino`` (f32): the
   peers a user would pick instead (``benchmarks/peers.py``; ``pip install -e
@@ -72,15 +75,15 @@ import torch
 __all__ = ["BENCH_MODELS", "MODEL_SETS", "SYSTEMS", "Row", "run_suite", "run_model",
            "machine_info", "write_outputs"]
 
-SYSTEMS = ("eager", "inductor", "inductor-freezing", "aotinductor", "onnxruntime", "openvino",
+SYSTEMS = ("eager", "eager-heap", "inductor", "inductor-freezing", "aotinductor", "onnxruntime", "openvino",
            "iree-default", "aot", "aot-coverage", "aot-stablehlo", "aot-dynamic")
 # ``aot-dynamic``: the defaults with every input's batch dimension dynamic (DYNAMIC_BATCH),
 # timed at the example's batch: the price of one artifact for every batch size
 DYNAMIC_BATCH = (1, 32)
-DEFAULT_SYSTEMS = ("eager", "inductor", "iree-default", "aot")
+DEFAULT_SYSTEMS = ("eager", "eager-heap", "inductor", "iree-default", "aot")
 QUICK_MODELS = ("resnet18_b1", "custom_op")
 QUICK_SYSTEMS = ("eager", "iree-default", "aot")
-PEER_SYSTEMS = ("eager", "inductor-freezing", "aotinductor", "onnxruntime", "openvino", "aot")
+PEER_SYSTEMS = ("eager", "eager-heap", "inductor-freezing", "aotinductor", "onnxruntime", "openvino", "aot")
 WARM_S = 0.02  # untimed calls before each block, at least this long: ONNX Runtime's,
 # OpenVINO's, IREE's and OpenMP's worker threads spin for a while after a call, on the
 # cores the next system needs, and a program is slower than its steady state after a pause
@@ -245,6 +248,11 @@ def _build(system: str, model, example, target: str):
     from .peers import PEERS, build_peer
     t0 = time.perf_counter()
     if system == "eager":
+        return model, 0.0, None
+    if system == "eager-heap":
+        from aot.fallback import heap
+        if not heap.retain(heap.CEILING):
+            raise RuntimeError("the C library here is not glibc: no heap to keep")
         return model, 0.0, None
     if system == "inductor":
         fn = torch.compile(model)

@@ -28,6 +28,7 @@ from .bound import BoundCall
 from .codegen import GroupFunction, Member
 from .entry_points import entry_point
 from .cuda_graph import GraphedRegion
+from .heap import MAX_BYTES as MAX_HEAP_BYTES
 from .layout import CONV_OPS, ChannelsLast, has_conv, layout_safe
 from .omp_threads import on_this_thread_alone
 from .prepack import DEFERRED, plan_fusions
@@ -86,6 +87,9 @@ class ExecOptions:
     (``aot.lower.threads``): light ATen ops between compiled dispatches, where waking
     torch's OpenMP team costs more than it saves, because its threads then spin on
     the cores IREE's workers need for the next dispatch.
+    ``retained_heap_bytes``: freed memory the C heap keeps between calls, planned at
+    compile from the kernel calls' intermediates (``aot.fallback.heap``); 0 leaves
+    the heap as it is.
     """
 
     memory_format: str = "contiguous"
@@ -94,12 +98,14 @@ class ExecOptions:
     quantized_engine: str | None = None
     int8_float_math: bool = False
     one_thread_calls: tuple[str, ...] = ()
+    retained_heap_bytes: int = 0
 
     def to_json(self) -> dict:
         return {"memory_format": self.memory_format, "cuda_graphs": self.cuda_graphs,
                 "prepack": self.prepack, "quantized_engine": self.quantized_engine,
                 "int8_float_math": self.int8_float_math,
-                "one_thread_calls": list(self.one_thread_calls)}
+                "one_thread_calls": list(self.one_thread_calls),
+                "retained_heap_bytes": self.retained_heap_bytes}
 
     @staticmethod
     def from_json(d: dict | None) -> "ExecOptions":
@@ -117,8 +123,12 @@ class ExecOptions:
         if not isinstance(one, list) or not all(isinstance(k, str) for k in one):
             raise ArtifactError("executor one_thread_calls should be a list of kernel-call "
                                 "keys", stage="load")
+        heap = d.get("retained_heap_bytes", 0)
+        if heap.__class__ is not int or not 0 <= heap <= MAX_HEAP_BYTES:
+            raise ArtifactError(f"executor retained_heap_bytes {str(heap)[:40]!r} is not a "
+                                f"byte count from 0 to {MAX_HEAP_BYTES}", stage="load")
         return ExecOptions(fmt, bool(d.get("cuda_graphs", True)), bool(d.get("prepack", False)),
-                           engine, bool(d.get("int8_float_math", False)), tuple(one))
+                           engine, bool(d.get("int8_float_math", False)), tuple(one), heap)
 
 
 _from_dlpack = torch._C._from_dlpack  # torch.from_dlpack without its Python dispatch

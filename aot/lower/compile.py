@@ -18,6 +18,7 @@ import time
 import torch
 
 from ..artifact import FORMAT_VERSION, CompiledArtifact, dump_treespec, pack_constants
+from ..fallback import heap
 from ..fallback.executor import ExecOptions
 from ..fallback.quantized_ops import compile_engine
 from ..torch_tensor import TorchTensor
@@ -324,6 +325,8 @@ def _host_artifact(imported: ImportedProgram, target: Target, policy: PlacementP
     manifest = _manifest(imported, target, policy, placements, [], None, b"", table, blob,
                          time.perf_counter() - t0)
     manifest["host_program"] = entry
+    if target.driver.startswith("local"):  # ATen's sizes known only at run time
+        manifest["executor"]["retained_heap_bytes"] = heap.CEILING
     return CompiledArtifact(b"", manifest, blob)
 
 
@@ -394,7 +397,8 @@ def _manifest(imported: ImportedProgram, target: Target, policy: PlacementPolicy
         "executor": ExecOptions(
             quantized_engine=compile_engine(imported.exported.graph),
             int8_float_math=imported.pt2e,
-            one_thread_calls=one_thread_calls(placements, kernel_calls, target)).to_json(),
+            one_thread_calls=one_thread_calls(placements, kernel_calls, target),
+            retained_heap_bytes=heap.planned_bytes(kernel_calls, target.driver)).to_json(),
         "whole_program_call": whole_program_call,
         "compile_seconds": round(seconds, 3),
         "vmfb_sha256": hashlib.sha256(vmfb).hexdigest(),

@@ -440,9 +440,11 @@ def _aten_candidates(imported: ImportedProgram, target: Target) -> dict:
 
 
 def _with_executor(a: CompiledArtifact, options: ExecOptions) -> CompiledArtifact:
-    # the quantized engine is the program's (recorded at compile), never a candidate's
-    executor = {**options.to_json(), "quantized_engine":
-                (a.manifest.get("executor") or {}).get("quantized_engine")}
+    # the quantized engine and the heap plan are the program's (recorded at compile),
+    # never a candidate's
+    recorded = a.manifest.get("executor") or {}
+    executor = {**options.to_json(), "quantized_engine": recorded.get("quantized_engine"),
+                "retained_heap_bytes": recorded.get("retained_heap_bytes", 0)}
     return CompiledArtifact(a.vmfb, {**a.manifest, "executor": executor}, a.constants)
 
 

@@ -19,7 +19,7 @@ import iree.runtime as rt
 from ..artifact import CompiledArtifact, load_treespec
 from ..errors import AotError, ArtifactError, InputMismatch, KernelCallFailed
 from ..symbolic import bind_inputs
-from ..fallback import static_values
+from ..fallback import heap, static_values
 from ..fallback.executor import ExecOptions, HostModule, make_host_module
 from ..fallback.quantized_ops import pinned_engine
 from ..fallback.host_program import HostProgram
@@ -33,6 +33,7 @@ from .device import (ALIGN, aligned_copy, as_storage, buffer_view_to_torch, get_
 __all__ = ["CompiledModule"]
 log = logging.getLogger(__name__)
 _live: "weakref.WeakSet[CompiledModule]" = weakref.WeakSet()
+_grad_enabled, _set_grad_enabled = torch.is_grad_enabled, torch._C._set_grad_enabled
 
 
 class CompiledModule:
@@ -101,6 +102,8 @@ class CompiledModule:
         _live.add(self)
 
     def _open(self) -> None:
+        if self.exec_options.retained_heap_bytes and self.driver.startswith("local"):
+            heap.retain(self.exec_options.retained_heap_bytes)  # for ATen's intermediates
         if self.manifest.get("host_program") is not None:
             # one ATen region, run by the host: no IREE module, no device
             self.program = HostProgram(self.manifest["host_program"],
@@ -171,8 +174,13 @@ class CompiledModule:
         if engine is not None and engine != torch.backends.quantized.engine:
             with torch.no_grad(), pinned_engine(engine):
                 return self._call(args, kwargs)
-        with torch.no_grad():
+        if not _grad_enabled():  # already off (the caller's no_grad): no context to enter
             return self._call(args, kwargs)
+        _set_grad_enabled(False)  # torch.no_grad() without its Python context object
+        try:
+            return self._call(args, kwargs)
+        finally:
+            _set_grad_enabled(True)
 
     def _call(self, args, kwargs):
         if self._positional and not kwargs and len(args) == len(self.inputs):

@@ -68,7 +68,7 @@ def test_bench_model_and_system_sets():
     assert suite.expand(["zoo_b1"], suite.MODEL_SETS)[:2] == ["resnet18_b1", "resnet50_b1"]
     assert "bert_base_b8" in suite.expand(["zoo"], suite.MODEL_SETS)
     assert suite.expand(["peers", "aot-coverage"], suite.SYSTEM_SETS) == [
-        "eager", "inductor-freezing", "aotinductor", "onnxruntime", "openvino", "aot",
+        "eager", "eager-heap", "inductor-freezing", "aotinductor", "onnxruntime", "openvino", "aot",
         "aot-coverage"]
     assert all(m in suite.BENCH_MODELS for m in suite.MODEL_SETS["zoo"])
 
