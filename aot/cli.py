@@ -441,11 +441,12 @@ def build_parser() -> argparse.ArgumentParser:
                    "llama_small_b1; timm: timm_mobilevit_s_b1, timm_convnext_atto_b1, "
                    "timm_efficientformer_l1_b1, timm_deit_tiny_b1; or a set: quick, "
                    "default, zoo_b1, zoo_b8, zoo, hf, timm, real (hf + timm)")
-    b.add_argument("--systems", help="comma-separated: eager, inductor, inductor-freezing, "
-                   "aotinductor, onnxruntime, openvino, iree-default, aot, aot-coverage, "
-                   "aot-stablehlo, aot-dynamic (batch dimension dynamic), or a set: quick, "
-                   "default (eager, inductor, iree-default, aot), peers (eager, the four "
-                   "peers, aot), all")
+    b.add_argument("--systems", help="comma-separated: eager, eager-heap (eager with the C "
+                   "heap keeping freed memory, as an artifact's process does), inductor, "
+                   "inductor-freezing, aotinductor, onnxruntime, openvino, iree-default, aot, "
+                   "aot-coverage, aot-stablehlo, aot-dynamic (batch dimension dynamic), or a "
+                   "set: quick, default (eager, eager-heap, inductor, iree-default, aot), "
+                   "peers (eager, eager-heap, the four peers, aot), all")
     b.add_argument("--runs", type=int, help="timed runs per system (default 30; quick 5)")
     b.add_argument("--min-seconds", type=float,
                    help="keep adding interleaved rounds (up to 2000 runs) until each system "

@@ -68,10 +68,12 @@ def decide(ep: ExportedProgram, target: Target, policy: PlacementPolicy,
     """
     verdicts: dict[str, Verdict] = {}
     kept: dict = {}  # op -> reason it stays in ATen although it has a decomposition
+    prefetch = None
     if policy.fallback != "all":
         cache = cache or CoverageCache(target)
+        prefetch = _prefetch_costs(ep, target, policy, cache)
         ep, verdicts = _decompose_uncovered(ep, target, policy, cache, kept)
-    costs = _costs(ep, target, policy, verdicts)
+    costs = _costs(ep, target, policy, verdicts, prefetch)
     placements, decided = _place(ep, policy, verdicts, demoted or {}, costs, kept, target.via)
     if policy.fallback == "none":
         bad = [p for p in placements if p.where == KERNEL_CALL]
@@ -193,19 +195,41 @@ def _aten_faster(op, decomposition, nodes, target: Target) -> str | None:
             "measured on this machine")
 
 
-def _costs(ep, target: Target, policy: PlacementPolicy, verdicts) -> dict:
-    """Measured ATen-vs-IREE costs of the heavy covered ops (``placement="auto"``)."""
-    if policy.fallback != "auto" or policy.placement != "auto":
-        return {}
-    if not target.driver.startswith("local") and not torch.cuda.is_available():
-        return {}  # compiling for a device this machine lacks: nothing to measure on
-    heavy = [n for n in op_nodes(ep) if isinstance(n.target, torch._ops.OpOverload)
-             and verdicts.get(op_signature(n), Verdict(False)).covered
-             and (node_flops(n) or 0) >= MIN_FLOPS]
+def _measures_costs(target: Target, policy: PlacementPolicy) -> bool:
+    """Heavy ops are placed by measurement (``placement="auto"``, a device here)."""
+    return (policy.fallback == "auto" and policy.placement == "auto"
+            and (target.driver.startswith("local") or torch.cuda.is_available()))
+
+
+def _heavy(n: torch.fx.Node) -> bool:
+    return isinstance(n.target, torch._ops.OpOverload) and (node_flops(n) or 0) >= MIN_FLOPS
+
+
+def _prefetch_costs(ep, target: Target, policy: PlacementPolicy, cache: CoverageCache):
+    """Start compiling the IREE side of the heavy ATen ops' cost measurements while
+    coverage is probed (``cost.Prefetch``); ops a cached verdict says IREE does not
+    lower, and ops of other namespaces (quantized ops may be decomposed), are left out."""
+    if not _measures_costs(target, policy):
+        return None
+    heavy = [n for n in op_nodes(ep) if _heavy(n) and n.target.namespace == "aten"
+             and not matches_forced(n.target, policy.fallback_ops)
+             and (cache.get(op_signature(n)) or Verdict(True)).covered]
     if not heavy:
+        return None
+    from .cost import CostCache, start_prefetch
+    return start_prefetch(heavy, target, CostCache(target))
+
+
+def _costs(ep, target: Target, policy: PlacementPolicy, verdicts, prefetch=None) -> dict:
+    """Measured ATen-vs-IREE costs of the heavy covered ops (``placement="auto"``)."""
+    if not _measures_costs(target, policy):
+        return {}  # (compiling for a device this machine lacks: nothing to measure on)
+    heavy = [n for n in op_nodes(ep) if _heavy(n)
+             and verdicts.get(op_signature(n), Verdict(False)).covered]
+    if not heavy and prefetch is None:
         return {}
     from .cost import CostCache, measure_nodes
-    return measure_nodes(heavy, target, CostCache(target))
+    return measure_nodes(heavy, target, CostCache(target), prefetch)
 
 
 def _user_inputs(ep) -> set:

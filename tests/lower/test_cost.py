@@ -53,3 +53,39 @@ def test_a_module_that_does_not_compile_falls_back_to_one_compile_per_op(tmp_pat
     assert calls == [3, 1, 1, 1]
     assert all(c.iree_ms and c.iree_ms > 0 for c in got.values())
     assert cost.Cost(None, None) not in got.values()
+
+
+def test_a_prefetch_compiles_while_coverage_is_probed_and_is_timed_after(tmp_path, monkeypatch):
+    """``start_prefetch`` compiles the IREE side in the background; ``measure_nodes``
+    then times from that module (no second compile) and agrees in kind with a plain
+    measurement; a signature the prefetch left out is compiled as before."""
+    target = get_target("cpu")
+    runs = []
+    real = iree_compile.try_compile
+    monkeypatch.setattr(iree_compile, "try_compile",
+                        lambda text, *a, **k: runs.append(text.count("func.func @op"))
+                        or real(text, *a, **k))
+    nodes = _heavy_nodes()
+    cache = CostCache(target, directory=str(tmp_path))
+    prefetch = cost.start_prefetch(nodes[:2], target, cache)  # the linear left out
+    got = measure_nodes(nodes, target, cache, prefetch)
+    assert sorted(runs) == [1, 2]  # the prefetch's two, then the linear alone
+    assert len(got) == 3 and all(c.aten_ms > 0 and c.iree_ms > 0 for c in got.values())
+    # measured: nothing left to prefetch
+    assert cost.start_prefetch(nodes, target, CostCache(target, directory=str(tmp_path))) is None
+
+
+def test_a_prefetch_that_fails_leaves_the_measurement_as_it_was(tmp_path, monkeypatch):
+    target = get_target("cpu")
+    real = iree_compile.try_compile
+    calls = []
+
+    def fails_first(text, tgt, *a, **k):  # the prefetch's module fails (an op IREE rejects)
+        calls.append(text.count("func.func @op"))
+        return (None, "error: simulated") if len(calls) == 1 else real(text, tgt, *a, **k)
+    monkeypatch.setattr(iree_compile, "try_compile", fails_first)
+    nodes = _heavy_nodes()
+    cache = CostCache(target, directory=str(tmp_path))
+    got = measure_nodes(nodes, target, cache, cost.start_prefetch(nodes, target, cache))
+    assert calls == [3, 3]
+    assert len(got) == 3 and all(c.iree_ms and c.iree_ms > 0 for c in got.values())
