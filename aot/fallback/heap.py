@@ -19,13 +19,14 @@ memory between calls and reuses it. Values are only ever raised, never lowered,
 so two artifacts in one process keep the larger. Other code in the process is
 served from the same heap (eager PyTorch beside an artifact runs faster, not
 slower); the price is resident memory that stays at the high-water mark. Where
-the C library is not glibc, nothing is changed.
+the C library is not glibc, or ``AOT_LEAVE_HEAP=1`` is set, nothing is changed.
 """
 
 from __future__ import annotations
 
 import ctypes
 import functools
+import os
 import platform
 import threading
 
@@ -67,7 +68,7 @@ def retained_bytes() -> int:
 def retain(nbytes: int) -> bool:
     """Keep up to ``nbytes`` of freed memory in the heap (module docstring); True when
     the heap now keeps at least that much. Never lowers what an earlier call set."""
-    if nbytes <= 0:
+    if nbytes <= 0 or os.environ.get("AOT_LEAVE_HEAP", "") not in ("", "0"):
         return False
     fn = _mallopt()
     if fn is None:

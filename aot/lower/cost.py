@@ -151,8 +151,9 @@ class Prefetch:
     overlaps: nothing is timed until both are done.
 
     ``take(sigs)`` waits for it and gives ``{sig: (vmfb, function index, graph)}`` for
-    those of ``sigs`` it compiled; a signature that probing then finds IREE does not
-    lower (the whole module then fails) is compiled again, as before, with the others.
+    those of ``sigs`` it compiled. The probe leaves these signatures to it (``ok()``);
+    when the module fails (an op IREE does not lower), they are probed, and the covered
+    ones compiled again for their costs, as before.
     """
 
     def __init__(self, todo: dict[str, torch.fx.Graph], target: Target):
@@ -165,12 +166,20 @@ class Prefetch:
         self._future = self._pool.submit(lambda: try_compile(text, target)[0])
         self._pool.shutdown(wait=False)
 
-    def take(self, sigs) -> dict[str, tuple]:
+    def _vmfb(self) -> bytes | None:
         try:
-            vmfb = self._future.result()
+            return self._future.result()
         except Exception as e:  # best effort: the signatures are compiled as before
             log.info("the cost prefetch failed: %s", e)
-            return {}
+            return None
+
+    def ok(self) -> bool:
+        """Wait for the compile; True when IREE compiled the module (every signature of it
+        lowers: ``coverage.probe_nodes`` takes that as their verdict)."""
+        return self._vmfb() is not None
+
+    def take(self, sigs) -> dict[str, tuple]:
+        vmfb = self._vmfb()
         if vmfb is None:
             return {}
         return {s: (vmfb, i, self.graphs[i]) for i, s in enumerate(self.sigs) if s in sigs}

@@ -72,7 +72,7 @@ def decide(ep: ExportedProgram, target: Target, policy: PlacementPolicy,
     if policy.fallback != "all":
         cache = cache or CoverageCache(target)
         prefetch = _prefetch_costs(ep, target, policy, cache)
-        ep, verdicts = _decompose_uncovered(ep, target, policy, cache, kept)
+        ep, verdicts = _decompose_uncovered(ep, target, policy, cache, kept, prefetch)
     costs = _costs(ep, target, policy, verdicts, prefetch)
     placements, decided = _place(ep, policy, verdicts, demoted or {}, costs, kept, target.via)
     if policy.fallback == "none":
@@ -99,7 +99,7 @@ def op_nodes(ep) -> list[torch.fx.Node]:
             and n.target is not operator.getitem and not is_assert(n)]
 
 
-def _decompose_uncovered(ep, target, policy, cache, kept: dict):
+def _decompose_uncovered(ep, target, policy, cache, kept: dict, prefetch=None):
     """Probe; decompose uncovered ops that have a decomposition; repeat to a fixpoint.
 
     Under ``placement="auto"``, a quantized ``aot_q`` op (ATen kernel and our
@@ -110,7 +110,7 @@ def _decompose_uncovered(ep, target, policy, cache, kept: dict):
     tried: set = set()
     for _ in range(_MAX_DECOMPOSITION_ROUNDS):
         nodes = [n for n in op_nodes(ep) if not matches_forced(n.target, policy.fallback_ops)]
-        verdicts = probe_nodes(nodes, target, cache)
+        verdicts = probe_nodes(nodes, target, cache, prefetch)
         table = {}
         user_inputs = _user_inputs(ep)
         for n in nodes:
@@ -149,7 +149,7 @@ def _decompose_uncovered(ep, target, policy, cache, kept: dict):
                      "kernel calls", sorted(map(op_name, table)))
             return ep, verdicts
         ep = decomposed
-    return ep, probe_nodes(op_nodes(ep), target, cache)
+    return ep, probe_nodes(op_nodes(ep), target, cache, prefetch)
 
 
 def _uncarried(ep) -> set[str]:
@@ -207,8 +207,9 @@ def _heavy(n: torch.fx.Node) -> bool:
 
 def _prefetch_costs(ep, target: Target, policy: PlacementPolicy, cache: CoverageCache):
     """Start compiling the IREE side of the heavy ATen ops' cost measurements while
-    coverage is probed (``cost.Prefetch``); ops a cached verdict says IREE does not
-    lower, and ops of other namespaces (quantized ops may be decomposed), are left out."""
+    coverage is probed (``cost.Prefetch``), which then stands for their probe; ops a
+    cached verdict says IREE does not lower, and ops of other namespaces (quantized ops
+    may be decomposed), are left out."""
     if not _measures_costs(target, policy):
         return None
     heavy = [n for n in op_nodes(ep) if _heavy(n) and n.target.namespace == "aten"

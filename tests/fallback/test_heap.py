@@ -82,6 +82,13 @@ def test_a_bad_heap_plan_is_refused_at_load(bad):
         ExecOptions.from_json({"retained_heap_bytes": bad})
 
 
+def test_aot_leave_heap_leaves_it(monkeypatch):
+    monkeypatch.setenv("AOT_LEAVE_HEAP", "1")
+    before = heap.retained_bytes()
+    assert not heap.retain(heap.CEILING)
+    assert heap.retained_bytes() == before
+
+
 def test_retain_only_ever_raises():
     before = heap.retained_bytes()
     assert heap.retain(heap.MIN_BYTES)  # at most what is set already: kept as it is

@@ -89,3 +89,34 @@ def test_a_prefetch_that_fails_leaves_the_measurement_as_it_was(tmp_path, monkey
     got = measure_nodes(nodes, target, cache, cost.start_prefetch(nodes, target, cache))
     assert calls == [3, 3]
     assert len(got) == 3 and all(c.iree_ms and c.iree_ms > 0 for c in got.values())
+
+
+def test_the_probe_leaves_the_prefetched_signatures_to_the_prefetch(tmp_path, monkeypatch):
+    """The heavy ops compile once, in the prefetch, which is also their coverage verdict;
+    when the prefetch fails they are probed like the others."""
+    from aot.lower import coverage
+    from aot.lower.coverage import CoverageCache, probe_nodes
+
+    target = get_target("cpu")
+    probed = []
+    real = coverage.try_compile
+    monkeypatch.setattr(coverage, "try_compile", lambda text, *a, **k:
+                        probed.append(text.count("func.func @probe")) or real(text, *a, **k))
+    ep = torch.export.export(TwoConvs().eval(), (torch.randn(1, 8, 16, 16),))
+    nodes = [n for n in ep.graph.nodes if n.op == "call_function"]
+    heavy = _heavy_nodes()
+    prefetch = cost.start_prefetch(heavy, target, CostCache(target, directory=str(tmp_path)))
+    verdicts = probe_nodes(nodes, target, CoverageCache(target, directory=str(tmp_path)),
+                           prefetch)
+    assert probed == [len(verdicts) - 3]  # one probe compile, without the three heavy ops
+    assert all(v.covered for v in verdicts.values())
+
+    class Failed:  # a prefetch whose module IREE rejected
+        sigs = prefetch.sigs
+
+        def ok(self):
+            return False
+    probed.clear()
+    again = probe_nodes(nodes, target, CoverageCache(target, directory=str(tmp_path / "b")),
+                        Failed())
+    assert probed == [len(again) - 3, 3] and again == verdicts

@@ -31,12 +31,16 @@ class _Lines(logging.Handler):
 def test_compile_steps_are_logged(tmp_path, monkeypatch):
     monkeypatch.setenv("AOT_CACHE_DIR", str(tmp_path))  # cold: probes and measures
     got = _Lines()
-    monkeypatch.setattr(progress.log, "level", logging.INFO)
+    level = progress.log.level
+    # setLevel, not the attribute: it also clears the logger's cache of what is enabled,
+    # which an earlier step logged at the default level has filled
+    progress.log.setLevel(logging.INFO)
     progress.log.addHandler(got)
     try:
         cm = aot.compile(Small().eval(), (torch.randn(64, 256),))
     finally:
         progress.log.removeHandler(got)
+        progress.log.setLevel(level)
     lines = got.lines
     assert any(line.startswith("probing which of") for line in lines), lines
     assert any(line.startswith("measuring ") and "heavy op" in line for line in lines), lines
