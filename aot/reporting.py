@@ -112,12 +112,12 @@ def format_report(manifest: dict) -> str:
     if ex.get("quantized_engine"):
         lines.append(f"quantized kernels run under the {ex['quantized_engine']} engine, "
                      "recorded at compile, whatever the global engine at call time")
-    if ex.get("retained_heap_bytes"):
-        n = ex["retained_heap_bytes"]
+    n = ex.get("retained_heap_bytes")
+    if n.__class__ is int and n > 0:
         size = f"{n / (1 << 20):.0f} MiB" if n < (1 << 30) else f"{n / (1 << 30):.0f} GiB"
-        lines.append(f"the C heap keeps up to {size} of freed memory between calls (glibc, "
-                     "the whole process): ATen's intermediates reuse pages instead of "
-                     "faulting fresh ones in every call")
+        lines.append(f"the C heap keeps up to {size} of freed memory between calls (on glibc, "
+                     "for the whole process; AOT_LEAVE_HEAP=1 leaves it): ATen's intermediates "
+                     "reuse pages instead of faulting fresh ones in every call")
     if manifest.get("whole_program_call"):
         lines.append("the program is one kernel call: on the CPU the runtime calls it directly, "
                      "without entering the IREE VM")
