@@ -91,12 +91,17 @@ def _bytes(t: TorchTensor) -> int | None:
     return n * t.torch_dtype.itemsize
 
 
-def planned_bytes(kernel_calls, driver: str) -> int:
+def planned_bytes(kernel_calls, driver: str, host_program: bool = False) -> int:
     """``retained_heap_bytes`` for an artifact: 0 off the CPU or without kernel calls;
     else twice the result bytes of the largest call (a group: every member's results),
-    at least ``MIN_BYTES``; with a call whose sizes are known only at run time, the
+    at least ``MIN_BYTES``; with a call whose sizes are known only at run time, or for
+    a host program (the whole program in ATen, sizes known only at run time), the
     most ``retain`` can set (a ceiling: the heap keeps only what was freed)."""
-    if not driver.startswith("local") or not kernel_calls:
+    if not driver.startswith("local"):
+        return 0
+    if host_program:
+        return CEILING
+    if not kernel_calls:
         return 0
     largest = 0
     for spec in kernel_calls:

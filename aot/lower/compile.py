@@ -325,8 +325,8 @@ def _host_artifact(imported: ImportedProgram, target: Target, policy: PlacementP
     manifest = _manifest(imported, target, policy, placements, [], None, b"", table, blob,
                          time.perf_counter() - t0)
     manifest["host_program"] = entry
-    if target.driver.startswith("local"):  # ATen's sizes known only at run time
-        manifest["executor"]["retained_heap_bytes"] = heap.CEILING
+    manifest["executor"]["retained_heap_bytes"] = heap.planned_bytes([], target.driver,
+                                                                    host_program=True)
     return CompiledArtifact(b"", manifest, blob)
 
 

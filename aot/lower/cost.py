@@ -163,9 +163,9 @@ class Prefetch:
         from .iree_compile import try_compile
         self.sigs, self.graphs = list(todo), list(todo.values())
         text = _module_text(self.graphs)  # MLIR on this thread; only the compiler runs beside
-        self._pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="aot-cost")
-        self._future = self._pool.submit(lambda: try_compile(text, target)[0])
-        self._pool.shutdown(wait=False)
+        pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="aot-cost")
+        self._future = pool.submit(lambda: try_compile(text, target)[0])
+        pool.shutdown(wait=False)  # the thread ends with its one compile
 
     def _vmfb(self) -> bytes | None:
         try:

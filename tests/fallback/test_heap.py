@@ -64,6 +64,8 @@ def test_planned_bytes_is_twice_the_largest_call():
     assert heap.planned_bytes([small], "cuda") == 0  # the caching allocator's job there
     assert heap.planned_bytes([], "local-task") == 0  # compiled code alone
     assert heap.planned_bytes([_spec(("s0", 8))], "local-task") == heap.CEILING
+    assert heap.planned_bytes([], "local-task", host_program=True) == heap.CEILING
+    assert heap.planned_bytes([], "cuda", host_program=True) == 0
 
 
 def test_the_manifest_records_the_plan_and_the_report_says_it():
