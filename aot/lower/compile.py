@@ -31,6 +31,7 @@ from ..progress import step
 from . import host_program
 from .bool_fills import bool_fills
 from .cost import MEASURED_FASTER
+from .coverage import Assumed, assumes_coverage
 from .iree_compile import compile_error, discard_dump, first_error, try_compile
 from .partition import PartitionedProgram, partition
 from .placement import KERNEL_CALL, Placement, PlacementPolicy, op_name
@@ -204,11 +205,12 @@ def _compile_split(imported: ImportedProgram, target: Target, policy: PlacementP
                    example, t0: float) -> CompiledArtifact:
     imported, folded = prepare(imported, policy)
     demoted: dict[str, str] = {}
-    for _ in range(_MAX_RECOVERY_ROUNDS + 1):
-        p = partition(imported, target, policy, demoted=demoted)
+    assumed = Assumed() if assumes_coverage(target, policy) else None
+    for _ in range(_MAX_RECOVERY_ROUNDS + 1 + (assumed is not None)):
+        p = partition(imported, target, policy, demoted=demoted, assume=assumed)
         # the variant (if any) compiles beside the per-op module: each iree-compile
         # keeps about one core busy, and they are independent
-        variant = _variant_program(imported, target, policy, demoted, p) \
+        variant = _variant_program(imported, target, policy, demoted, p, assumed) \
             if example is not None else None
         with concurrent.futures.ThreadPoolExecutor(1) as pool:
             pending = pool.submit(_compile_variant, *variant) if variant else None
@@ -216,6 +218,14 @@ def _compile_split(imported: ImportedProgram, target: Target, policy: PlacementP
                  sum(pl.where == "compiled" for pl in p.placements), len(p.kernel_calls))
             vmfb, diag = try_compile(p.mlir, target)
             variants = pending.result() if pending is not None and vmfb is not None else {}
+        if vmfb is not None and assumed is not None:
+            assumed.confirm(p.placements, target)
+        elif vmfb is None and assumed is not None and assumed.sigs:
+            # an op whose coverage was assumed may be what IREE failed on: probe them
+            log.info("IREE failed on %s with %d op signatures assumed to lower (%s); probing "
+                     "them", imported.name, len(assumed.sigs), first_error(diag))
+            assumed = None
+            continue
         if vmfb is not None:
             art = _artifact(p, vmfb, time.perf_counter() - t0)
             if example is not None and imported.symbols:
@@ -261,7 +271,7 @@ def _specialized(art: CompiledArtifact, variants: dict, imported: ImportedProgra
 
 
 def _variant_program(imported: ImportedProgram, target: Target, policy: PlacementPolicy,
-                     demoted: dict, per_op: PartitionedProgram):
+                     demoted: dict, per_op: PartitionedProgram, assumed=None):
     """``(name, partitioned program, imported name)`` of the program partitioned as
     ``placement="coverage"`` (everything IREE covers compiled), to measure against the
     per-op placement ``per_op``, or None:
@@ -280,22 +290,28 @@ def _variant_program(imported: ImportedProgram, target: Target, policy: Placemen
     if tiled:
         name, vtarget = "iree-tiled", tiled_target(target, dynamic=bool(imported.symbols))
     else:
-        measured = [pl for pl in per_op.placements if pl.where != "compiled"]
-        # measured is not empty, so the per-op artifact has kernel calls: the region is
-        # measured where the options and the device allow (worth_measuring)
-        if not may_measure(target, policy) or not 0 < len(measured) <= COVERAGE_MAX_CALLS \
-                or any(not pl.reason.startswith(MEASURED_FASTER) for pl in measured):
+        if not _coverage_wanted(per_op, target, policy):
             return None
         name, vtarget = "iree-coverage", target
     step("compiling the %s variant (every op IREE covers compiled%s), to measure against "
          "the per-op placement", name, ", data tiling" if tiled else "")
     try:
         p = partition(imported, vtarget, dataclasses.replace(policy, placement="coverage"),
-                      demoted=demoted)
+                      demoted=demoted, assume=assumed)
     except Exception as e:  # a variant that cannot be built is not a candidate
         log.info("no %s variant of %s: %s", name, imported.name, e)
         return None
     return name, p, imported.name
+
+
+def _coverage_wanted(per_op: PartitionedProgram, target: Target, policy: PlacementPolicy
+                     ) -> bool:
+    """The per-op placement put between 1 and ``COVERAGE_MAX_CALLS`` ops in ATen, each
+    because it measured faster there, and the region is measured (the ``iree-coverage``
+    variant's condition)."""
+    measured = [pl for pl in per_op.placements if pl.where != "compiled"]
+    return (may_measure(target, policy) and 0 < len(measured) <= COVERAGE_MAX_CALLS
+            and all(pl.reason.startswith(MEASURED_FASTER) for pl in measured))
 
 
 def _compile_variant(name: str, p: PartitionedProgram, what: str) -> dict[str, CompiledArtifact]:

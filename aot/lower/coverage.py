@@ -5,6 +5,12 @@ probe-compiled once as a one-op function, and the verdict is cached on disk
 keyed by IREE version, target and flags. Unknown signatures are first compiled
 together in one module (one compiler run when all lower, the common case);
 only when that fails is each compiled alone to find the culprits.
+
+A compile that places by coverage (``assumes_coverage``) does not probe its ATen ops
+first: it assumes they lower (``Assumed``), and the program's own compile is their
+probe. When it compiles, the verdicts are cached; when it fails, the compile probes
+them and partitions again. Each op's code is then generated once on a cold compile,
+not once to probe and again in the program.
 """
 
 from __future__ import annotations
@@ -22,7 +28,8 @@ from .iree_compile import first_error, try_compile
 from ..progress import step
 from .targets import Target
 
-__all__ = ["Verdict", "CoverageCache", "op_signature", "probe_nodes"]
+__all__ = ["Verdict", "CoverageCache", "Assumed", "assumes_coverage", "op_signature",
+           "probe_nodes"]
 
 log = logging.getLogger(__name__)
 
@@ -71,6 +78,43 @@ class CoverageCache(JsonCache):
 
     def put_all(self, verdicts: dict[str, Verdict]) -> None:
         self.update({k: {"covered": v.covered, "reason": v.reason} for k, v in verdicts.items()})
+
+
+ASSUMED = "assumed to lower: the program's compile is its probe"
+
+
+def assumes_coverage(target: Target, policy) -> bool:
+    """A compile that may assume its unprobed ATen ops lower (``Assumed``): one that
+    moves the ops IREE fails on to ATen (``fallback="auto"``) through the Torch
+    input (StableHLO has its own recovery)."""
+    return policy.fallback == "auto" and target.via == "torch"
+
+
+class Assumed:
+    """Op signatures assumed covered, not probed, in a program's partition: ATen ops
+    the cache has no verdict for (not other namespaces: quantized and custom ops are
+    probed, since IREE does not know most of them and a decomposition may exist).
+
+    ``sigs`` maps each to the names of its nodes; ``confirm`` caches the verdicts of
+    those whose every node the compiled program holds.
+    """
+
+    def __init__(self):
+        self.sigs: dict[str, set[str]] = {}
+
+    def takes(self, node: torch.fx.Node) -> bool:
+        return isinstance(node.target, torch._ops.OpOverload) and node.target.namespace == "aten"
+
+    def add(self, sig: str, node: torch.fx.Node) -> Verdict:
+        self.sigs.setdefault(sig, set()).add(node.name)
+        return Verdict(True, ASSUMED)
+
+    def confirm(self, placements, target: Target) -> None:
+        """The program with ``placements`` compiled: its compiled ops lower."""
+        compiled = {pl.node for pl in placements if pl.where == "compiled"}
+        CoverageCache(target).put_all({s: Verdict(True) for s, names in self.sigs.items()
+                                       if names <= compiled})
+        self.sigs = {}
 
 
 def _probe_graph(node: torch.fx.Node) -> torch.fx.Graph:
@@ -139,8 +183,11 @@ def _reason(diag: str) -> str:
 
 
 def probe_nodes(nodes: list[torch.fx.Node], target: Target,
-                cache: CoverageCache, compiled=None) -> dict[str, Verdict]:
+                cache: CoverageCache, compiled=None, assume: Assumed | None = None
+                ) -> dict[str, Verdict]:
     """Verdict per signature for ``nodes`` (cached ones are not compiled again).
+
+    ``assume``: the signatures it takes are assumed covered instead of probed.
 
     ``compiled``: a module of some of these signatures' one-op functions (as the
     partitioner compiles them) compiling beside the probe, with ``sigs`` and ``ok()``
@@ -152,6 +199,12 @@ def probe_nodes(nodes: list[torch.fx.Node], target: Target,
         sigs.setdefault(op_signature(n), n)
     verdicts = {s: cache.get(s) for s in sigs}
     todo = {s: n for s, n in sigs.items() if verdicts[s] is None}
+    if assume is not None:
+        for n in nodes:
+            s = op_signature(n)
+            if s in todo and assume.takes(n) and (compiled is None or s not in compiled.sigs):
+                verdicts[s] = assume.add(s, n)
+        todo = {s: n for s, n in todo.items() if verdicts[s] is None}
     if todo:
         log.info("probing %d op signatures for %s", len(todo), target.name)
         step("probing which of %d op signatures IREE lowers for %s (once per machine, "

@@ -54,12 +54,14 @@ class Decisions:
 
 
 def decide(ep: ExportedProgram, target: Target, policy: PlacementPolicy,
-           cache: CoverageCache | None, demoted: dict[str, str] | None) -> Decisions:
+           cache: CoverageCache | None, demoted: dict[str, str] | None,
+           assume=None) -> Decisions:
     """Place every op of ``ep``.
 
     Args:
         ep: the exported program, before decompositions.
-        target, policy, cache, demoted: as :func:`aot.lower.partition.partition` takes them.
+        target, policy, cache, demoted, assume: as :func:`aot.lower.partition.partition`
+            takes them.
     Returns:
         Decisions.
     Raises:
@@ -72,7 +74,7 @@ def decide(ep: ExportedProgram, target: Target, policy: PlacementPolicy,
     if policy.fallback != "all":
         cache = cache or CoverageCache(target)
         prefetch = _prefetch_costs(ep, target, policy, cache)
-        ep, verdicts = _decompose_uncovered(ep, target, policy, cache, kept, prefetch)
+        ep, verdicts = _decompose_uncovered(ep, target, policy, cache, kept, prefetch, assume)
     costs = _costs(ep, target, policy, verdicts, prefetch)
     placements, decided = _place(ep, policy, verdicts, demoted or {}, costs, kept, target.via)
     if policy.fallback == "none":
@@ -99,7 +101,7 @@ def op_nodes(ep) -> list[torch.fx.Node]:
             and n.target is not operator.getitem and not is_assert(n)]
 
 
-def _decompose_uncovered(ep, target, policy, cache, kept: dict, prefetch=None):
+def _decompose_uncovered(ep, target, policy, cache, kept: dict, prefetch=None, assume=None):
     """Probe; decompose uncovered ops that have a decomposition; repeat to a fixpoint.
 
     Under ``placement="auto"``, a quantized ``aot_q`` op (ATen kernel and our
@@ -110,7 +112,7 @@ def _decompose_uncovered(ep, target, policy, cache, kept: dict, prefetch=None):
     tried: set = set()
     for _ in range(_MAX_DECOMPOSITION_ROUNDS):
         nodes = [n for n in op_nodes(ep) if not matches_forced(n.target, policy.fallback_ops)]
-        verdicts = probe_nodes(nodes, target, cache, prefetch)
+        verdicts = probe_nodes(nodes, target, cache, prefetch, assume)
         table = {}
         user_inputs = _user_inputs(ep)
         for n in nodes:
@@ -149,7 +151,7 @@ def _decompose_uncovered(ep, target, policy, cache, kept: dict, prefetch=None):
                      "kernel calls", sorted(map(op_name, table)))
             return ep, verdicts
         ep = decomposed
-    return ep, probe_nodes(op_nodes(ep), target, cache, prefetch)
+    return ep, probe_nodes(op_nodes(ep), target, cache, prefetch, assume)
 
 
 def _uncarried(ep) -> set[str]:

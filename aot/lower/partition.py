@@ -71,7 +71,8 @@ def torch_mlir(imported: ImportedProgram) -> str:
 def partition(imported: ImportedProgram, target: Target,
               policy: PlacementPolicy = PlacementPolicy(),
               cache: CoverageCache | None = None,
-              demoted: dict[str, str] | None = None) -> PartitionedProgram:
+              demoted: dict[str, str] | None = None,
+              assume=None) -> PartitionedProgram:
     """Place every op and outline the kernel calls.
 
     Args:
@@ -81,6 +82,8 @@ def partition(imported: ImportedProgram, target: Target,
         cache: coverage verdict cache (default: on disk, per IREE version).
         demoted: node name -> reason, for ops that lower alone but broke the
             whole-program compile (see ``recover``): they become kernel calls.
+        assume: ``coverage.Assumed``: ATen ops not yet probed are assumed to lower
+            (the caller compiles the program, confirms, or partitions again without).
     Returns:
         PartitionedProgram.
     Raises:
@@ -88,7 +91,7 @@ def partition(imported: ImportedProgram, target: Target,
             listed with their source lines), or an op's operands cannot be
             recorded for a kernel call.
     """
-    decisions = decide(imported.exported, target, policy, cache, demoted)
+    decisions = decide(imported.exported, target, policy, cache, demoted, assume)
     ep, decided, sizes = decisions.program, decisions.decided, decisions.sizes
     grouping = (Grouping.find(ep, decided, sizes) if policy.group
                 else Grouping({}, {}, frozenset(sizes)))

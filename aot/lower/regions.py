@@ -138,6 +138,8 @@ _BLOCK = 3        # timed calls per candidate per round, after untimed ones (``_
 _WARM_S = 0.005   # untimed calls per block, at least this long: steady state again
 EXTRA_S = 3.0     # at most this much more for the contenders whose order is not yet clear
 NOISY = 0.10      # a spread (half IQR) over this fraction of a median is a noisy measurement
+OUT_OF_RACE = 1.5  # after two rounds, a candidate whose fastest call is this many times the
+                   # best median is timed no more (``_in_race``)
 MARGIN = 0.03     # leads within this fraction are near-ties, settled by ``_ORDER``
 
 
@@ -503,6 +505,8 @@ def _time_candidates(cands: dict[str, CompiledArtifact], example, target: Target
                 break
             _round(mods, names[r % len(names):] + names[:r % len(names)], args, kwargs,
                    sync, samples, settled)
+            if r >= 1:
+                names = _in_race(samples, names)
         # the choice and every candidate that might still beat it: measured more, in
         # rotating order, until the order is clear, one has _MAX_RUNS samples, or
         # EXTRA_S is spent (noise re-measures; it never protects the first candidate)
@@ -517,6 +521,15 @@ def _time_candidates(cands: dict[str, CompiledArtifact], example, target: Target
     for m in mods.values():
         m.close()
     return _stats(samples)
+
+
+def _in_race(samples: dict[str, list], names: list[str]) -> list[str]:
+    """``names`` without the candidates whose fastest call so far is ``OUT_OF_RACE``
+    times the best median or slower: noise only makes calls slower, so such a
+    candidate cannot win however often it is timed again (ResNet50's per-op
+    candidates at 145 ms beside ``aten-prepacked`` at 87). Their samples are kept."""
+    best = min(statistics.median(samples[k]) for k in names)
+    return [k for k in names if min(samples[k]) < OUT_OF_RACE * best]
 
 
 def _round(mods, order, args, kwargs, sync, samples, settled=frozenset()) -> None:

@@ -126,6 +126,18 @@ def test_slow_candidates_skip_the_untimed_call_before_their_blocks():
     assert calls["fast"] > regions._BLOCK and len(samples["fast"]) == regions._BLOCK
 
 
+def test_a_candidate_that_cannot_win_is_timed_no_more():
+    """After two rounds, a candidate whose fastest call is OUT_OF_RACE times the best
+    median is dropped; one that noise made slow on some calls stays."""
+    from aot.lower.regions import OUT_OF_RACE, _in_race
+
+    samples = {"aten": [87.0, 88.0, 86.5, 90.0], "iree": [140.0, 150.0, 145.0, 160.0],
+               "noisy": [89.0, 300.0, 95.0, 400.0]}
+    assert _in_race(samples, list(samples)) == ["aten", "noisy"]
+    samples["iree"][0] = 87.0 * OUT_OF_RACE - 0.1  # one call near enough: it stays
+    assert _in_race(samples, list(samples)) == list(samples)
+
+
 def test_the_example_decides_and_the_range_end_settles_near_ties():
     from aot.lower.regions import _decide, _settle_at_range_end
 

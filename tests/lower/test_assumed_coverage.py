@@ -1,0 +1,96 @@
+"""A cold compile assumes the ATen ops it has no verdict for lower, and the program's
+compile is their probe (``coverage.Assumed``): each op's code is generated once.
+Results are compared with eager (float32, rtol 1e-5 / atol 1e-5)."""
+
+import torch
+
+import aot
+from aot.lower import iree_compile
+from aot.lower.coverage import CoverageCache
+from aot.lower.targets import get_target
+
+
+class Small(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv = torch.nn.Conv2d(3, 8, 3, padding=1)
+        self.fc = torch.nn.Linear(8, 4)
+
+    def forward(self, x):
+        y = torch.nn.functional.hardswish(self.conv(x))
+        return torch.softmax(self.fc(y.mean((2, 3))), -1)
+
+
+class WithAnd(torch.nn.Module):
+    """``&`` of two bool tensors (``aten.__and__.Tensor``) is an ATen op IREE 3.13's
+    torch lowering does not know, between ops it lowers."""
+
+    def forward(self, x):
+        inside = (torch.relu(x) > 0.25) & (x < 1.0)
+        return inside.to(x.dtype) * 2.0 + x
+
+
+def _compiles(monkeypatch) -> list[str]:
+    """The text of every IREE compile of compiled ops for the plain CPU target, in
+    order (not the modules of the ATen-region candidates, which hold one kernel call,
+    nor the data-tiled variant's)."""
+    seen = []
+    real = iree_compile._compile
+    plain = get_target("cpu").flags
+
+    def counted(asm, target, input_type="torch"):
+        if "torch.aten." in asm and target.flags == plain:
+            seen.append(asm)
+        return real(asm, target, input_type)
+    monkeypatch.setattr(iree_compile, "_compile", counted)
+    return seen
+
+
+def test_a_cold_compile_compiles_the_program_once_and_records_every_verdict(
+        monkeypatch, tmp_path):
+    monkeypatch.setenv("AOT_CACHE_DIR", str(tmp_path))
+    seen = _compiles(monkeypatch)
+    m, x = Small().eval(), torch.randn(1, 3, 16, 16)
+    cm = aot.compile(m, (x,), placement="coverage")
+    # one compile: the program's (no probe module)
+    assert len(seen) == 1 and "probe0" not in seen[0]
+    assert {p["where"] for p in cm.manifest["placements"]} == {"compiled"}
+    with torch.no_grad():
+        torch.testing.assert_close(cm(x), m(x), rtol=1e-5, atol=1e-5)
+    # every op signature of the program now has a cached verdict: covered
+    cache = CoverageCache(get_target("cpu"))
+    assert cache.data and all(v["covered"] for v in cache.data.values())
+    # a warm compile: one compile, the program's
+    seen.clear()
+    aot.compile(m, (x,), placement="coverage")
+    assert len(seen) == 1
+
+
+def test_a_program_that_fails_with_assumed_ops_probes_them(monkeypatch, tmp_path):
+    monkeypatch.setenv("AOT_CACHE_DIR", str(tmp_path))
+    seen = _compiles(monkeypatch)
+    m, x = WithAnd().eval(), torch.randn(4, 16)
+    cm = aot.compile(m, (x,), placement="coverage")
+    # the program's compile (no probe functions) failed, then the signatures were probed
+    assert "probe0" not in seen[0] and any("probe0" in s for s in seen[1:])
+    where = {p["op"]: p["where"] for p in cm.manifest["placements"]}
+    assert where["aten.__and__.Tensor"] == "kernel_call"
+    assert where["aten.relu.default"] == "compiled"
+    verdicts = CoverageCache(get_target("cpu")).data
+    assert [k for k, v in verdicts.items() if not v["covered"]] == \
+        [k for k in verdicts if k.startswith("aten.__and__")]
+    with torch.no_grad():
+        torch.testing.assert_close(cm(x), m(x), rtol=1e-5, atol=1e-5)
+
+
+def test_the_measured_compile_probes_nothing(monkeypatch, tmp_path):
+    """Under the default placement (costs measured, candidates timed) the heavy ops'
+    cost module and the program's compile are the probe: no probe module is
+    compiled, and the choice gives eager's values."""
+    monkeypatch.setenv("AOT_CACHE_DIR", str(tmp_path))
+    seen = _compiles(monkeypatch)
+    m, x = Small().eval(), torch.randn(1, 3, 16, 16)
+    cm = aot.compile(m, (x,))
+    assert not any("probe0" in s for s in seen)
+    with torch.no_grad():
+        torch.testing.assert_close(cm(x), m(x), rtol=1e-5, atol=1e-5)
