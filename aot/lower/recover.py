@@ -1,7 +1,8 @@
 """Blame: which compiled ops made a whole-program IREE compile fail.
 
-Every op signature is probe-compiled alone before placement (``coverage``), so
-a failure of the whole program means IREE broke on a *combination* (a fused
+Every op signature has been probe-compiled alone before blame runs (``coverage``; a
+compile that assumed its ops lower and failed probes them first), so a failure of
+the whole program means IREE broke on a *combination* (a fused
 dispatch of ops that each lower alone; IREE 3.13 has such bugs). IREE's
 diagnostics point at lines of the Torch-dialect text we handed it
 (``<stdin>:27:10``). The FX importer emits one ``torch.<ns>.<op>`` per graph
