@@ -17,6 +17,12 @@ per invocation and per crossing can exceed what its code saves.
   calls): the same artifact on IREE's ``local-sync`` driver, whose dispatches
   run on the calling thread, so no hand-off to worker threads around each
   crossing (compiled code then runs on one thread);
+- ``iree-one-thread`` (CPU, the same condition, when some kernel call keeps torch's
+  threads): the same artifact with every kernel call on the calling thread alone
+  (``threads``). After a heavy call, torch's OpenMP team spins on the cores IREE's
+  workers need next: MobileNetV3-Small's per-op artifact with three convolutions in
+  ATen ran 10.8-11.9 ms a call on a 2-vCPU EPYC, 6.0-6.8 ms with those calls on one
+  thread (and 7.3-9.4 ms under ``OMP_WAIT_POLICY=PASSIVE``; every op compiled: 4.8);
 - ``iree-tiled`` (CPU, programs whose heavy FLOPs are mostly matmuls): the program
   partitioned as ``placement="coverage"`` and compiled with data tiling and
   microkernels (``aot.lower.tiling``); its own placements go into the manifest;
@@ -191,6 +197,14 @@ def choose_region(per_op: CompiledArtifact, imported: ImportedProgram, target: T
         # around each kernel call, at the price of single-threaded compiled code
         cands["iree-sync"] = CompiledArtifact(
             per_op.vmfb, {**per_op.manifest, "driver": "local-sync"}, per_op.constants)
+        keys = [k["key"] for k in per_op.manifest["kernel_calls"]]
+        executor = per_op.manifest.get("executor") or {}
+        if set(keys) - set(executor.get("one_thread_calls") or ()):
+            # every kernel call on the calling thread alone, heavy ones too: torch's
+            # OpenMP team then never spins on the cores IREE's workers run on
+            cands["iree-one-thread"] = CompiledArtifact(per_op.vmfb, {
+                **per_op.manifest, "executor": {**executor, "one_thread_calls": keys}},
+                per_op.constants)
     cands.update(variants or {})
     cands.update(_aten_candidates(imported, target))
     key = program_key(imported, target, cands)
@@ -218,7 +232,7 @@ def choose_region(per_op: CompiledArtifact, imported: ImportedProgram, target: T
     region["key"] = key
     log.info("region placement: %s", region)
     best = region["chosen"]
-    if best in ("iree", "iree-sync") or best in (variants or {}):
+    if best in ("iree", "iree-sync", "iree-one-thread") or best in (variants or {}):
         # a variant was partitioned on its own (as placement="coverage"):
         # its placements, not the per-op ones, say where its ops run
         return _with_region(cands[best], region, cands[best].manifest["placements"], policy)
@@ -236,7 +250,7 @@ def choose_region(per_op: CompiledArtifact, imported: ImportedProgram, target: T
 
 
 # the fixed order near-ties are settled in: the per-op placement first, then the simpler regions
-_ORDER = ["iree", "iree-sync", "iree-tiled", "iree-coverage", "aten", "aten-prepacked", "aten-channels-last"]
+_ORDER = ["iree", "iree-sync", "iree-one-thread", "iree-tiled", "iree-coverage", "aten", "aten-prepacked", "aten-channels-last"]
 _RULE = 6  # the decision rule's version, part of the cache key
 _CONFIDENCE = 2.0  # a lead counts when it exceeds this many standard errors of the difference
 

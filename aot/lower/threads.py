@@ -15,8 +15,10 @@ So a light kernel call in such a program runs on the calling thread alone
 FLOPs (where torch has a formula) are under ``MIN_FLOPS`` and whose results hold at
 most ``MAX_ELEMENTS`` elements (known at compile), and no op is of a family without
 a FLOP formula that can be heavy (``HEAVY_PREFIXES``). Heavy calls (convolutions,
-matmuls, custom and quantized kernels) keep torch's threads: there the team's
-parallelism is worth its spin. Programs with no compiled code (one ATen region) or
+matmuls, custom and quantized kernels) keep torch's threads, where the team's
+parallelism can be worth its spin; whether it is, is measured: the region measurement
+times the same artifact with every call on one thread beside it (``regions``,
+``iree-one-thread``). Programs with no compiled code (one ATen region) or
 on IREE's ``local-sync`` driver keep torch's threads for every call.
 """
 

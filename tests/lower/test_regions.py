@@ -42,11 +42,12 @@ def test_default_compile_measures_regions_and_keeps_the_fastest(convnet):
     region = cm.manifest["region"]
     times = region["candidates_ms"]
     # on a CPU with oneDNN the channels-last candidate is the prepacked one
-    assert {"iree", "aten"} < set(times) <= {"iree", "iree-sync", "iree-coverage", "aten",
-                                             "aten-prepacked", "aten-channels-last"}
+    assert {"iree", "aten"} < set(times) <= {"iree", "iree-sync", "iree-one-thread",
+                                             "iree-coverage", "aten", "aten-prepacked",
+                                             "aten-channels-last"}
     assert region["chosen"] == choice(region)  # the fastest beyond the noise
     where = {p["where"] for p in cm.manifest["placements"]}
-    if region["chosen"] not in ("iree", "iree-sync", "iree-coverage"):  # one ATen region
+    if region["chosen"] not in ("iree", "iree-sync", "iree-one-thread", "iree-coverage"):
         assert where == {"kernel_call"}
         assert "one ATen region" in cm.report()
     assert "region placement, measured end to end" in cm.report()
@@ -105,6 +106,27 @@ def test_per_op_placement_runs_on_the_local_sync_driver_too(convnet):
         torch.testing.assert_close(sync(x), cm(x), rtol=1e-6, atol=1e-6)
         torch.testing.assert_close(sync(x), m(x), rtol=1e-4, atol=1e-4)
     assert sync.kernel_call_count >= 1
+
+
+def test_heavy_kernel_calls_between_compiled_ops_are_also_timed_on_one_thread(
+        monkeypatch, tmp_path):
+    """The ``iree-one-thread`` candidate: the per-op artifact with every kernel call,
+    heavy ones too, on the calling thread alone; measured beside the others, and as
+    right as they are."""
+    from aot.lower.cost import Cost
+    monkeypatch.setenv("AOT_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(Cost, "aten_wins", property(lambda self: True))  # convs in ATen
+    torch.manual_seed(0)
+    m, x = ConvNet().eval(), torch.randn(2, 16, 32, 32)
+    cm = aot.compile(m, (x,), plan={"region": "iree-one-thread"})
+    assert cm.manifest["region"]["chosen"] == "iree-one-thread"
+    calls = [k["key"] for k in cm.manifest["kernel_calls"]]
+    assert calls and sorted(cm.manifest["executor"]["one_thread_calls"]) == sorted(calls)
+    assert any(p["where"] == "compiled" for p in cm.manifest["placements"])
+    with torch.no_grad():
+        torch.testing.assert_close(cm(x), m(x), rtol=1e-4, atol=1e-4)
+    region = aot.compile(m, (x,)).manifest["region"]  # measured with the others
+    assert {"iree", "iree-sync", "iree-one-thread"} <= set(region["candidates_ms"])
 
 
 def test_slow_candidates_skip_the_untimed_call_before_their_blocks():
