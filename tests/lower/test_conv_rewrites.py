@@ -66,6 +66,24 @@ def test_an_unstrided_kxk_conv_is_im2col_and_a_matmul():
     assert p.mlir.count("torch.aten.slice.Tensor") == 18  # 9 windows of the padded input: rows, cols
 
 
+@pytest.mark.parametrize("k,hw,batch", [(4, (16, 16), 1), ((2, 3), (9, 13), 2), (16, (33, 32), 1)])
+def test_a_patch_embedding_is_a_view_a_transpose_and_a_matmul(k, hw, batch):
+    """Stride equal to the kernel (ViT's, Swin's stems): the windows do not overlap, so
+    im2col is a view and one transposing copy, not a slice per tap (the rows and columns
+    no window reads are sliced off first)."""
+    torch.manual_seed(0)
+    m = torch.nn.Conv2d(3, 8, k, stride=k).eval()
+    x = torch.randn(batch, 3, *hw)
+    imported = import_model(m, (x,))
+    p = partition(imported, get_target("cpu"), PlacementPolicy("auto", (), "coverage"))
+    assert "torch.aten.stack" not in p.mlir and "torch.aten.permute" in p.mlir
+    assert p.mlir.count("torch.aten.slice.Tensor") <= 2
+    cm = aot.compile(m, (x,), placement="coverage")
+    assert {p["where"] for p in cm.manifest["placements"]} == {"compiled"}
+    with torch.no_grad():
+        torch.testing.assert_close(cm(x), m(x), rtol=1e-5, atol=1e-5)
+
+
 def test_grouped_and_dilated_kxk_convs_keep_their_form():
     for conv in (torch.nn.Conv2d(4, 4, 3, padding=1, groups=2),
                  torch.nn.Conv2d(4, 4, 3, 2, dilation=2)):
