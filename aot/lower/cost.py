@@ -151,39 +151,66 @@ class Prefetch:
     both this way (its convolutions were 12.4 s of the probe). Only the compiles overlap:
     nothing is timed until both are done.
 
+    The signatures are split into ``PARTS`` modules compiled side by side: IREE 3.13
+    configures a module's executables one after another (about 55 ms each on the 2-core
+    EPYC), so one module keeps one core busy for most of its compile.
+
     ``take(sigs)`` waits for it and gives ``{sig: (vmfb, function index, graph)}`` for
-    those of ``sigs`` it compiled. The probe leaves these signatures to it (``ok()``);
-    when the module fails (an op IREE does not lower), they are probed, and the covered
-    ones compiled again for their costs, as before.
+    those of ``sigs`` it compiled. The probe leaves these signatures to it
+    (``covered()``); those of a module that fails (an op IREE does not lower) are
+    probed, and the covered ones compiled again for their costs, as before.
     """
+
+    PARTS = 2
 
     def __init__(self, todo: dict[str, torch.fx.Graph], target: Target):
         import concurrent.futures
 
         from .iree_compile import try_compile
-        self.sigs, self.graphs = list(todo), list(todo.values())
-        text = _module_text(self.graphs)  # MLIR on this thread; only the compiler runs beside
-        pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="aot-cost")
-        self._future = pool.submit(lambda: try_compile(text, target)[0])
-        pool.shutdown(wait=False)  # the thread ends with its one compile
+        self.sigs = list(todo)
+        parts = _balanced(todo, min(self.PARTS, len(todo)))
+        pool = concurrent.futures.ThreadPoolExecutor(len(parts), thread_name_prefix="aot-cost")
+        self._parts = []
+        for part in parts:
+            graphs = [todo[s] for s in part]
+            text = _module_text(graphs)  # MLIR on this thread; only the compilers run beside
+            self._parts.append((part, graphs,
+                                pool.submit(lambda text=text: try_compile(text, target)[0])))
+        pool.shutdown(wait=False)  # the threads end with their compiles
 
-    def _vmfb(self) -> bytes | None:
+    @staticmethod
+    def _vmfb(future) -> bytes | None:
         try:
-            return self._future.result()
+            return future.result()
         except Exception as e:  # best effort: the signatures are compiled as before
             log.info("the cost prefetch failed: %s", e)
             return None
 
-    def ok(self) -> bool:
-        """Wait for the compile; True when IREE compiled the module (every signature of it
-        lowers: ``coverage.probe_nodes`` takes that as their verdict)."""
-        return self._vmfb() is not None
+    def covered(self) -> set[str]:
+        """Wait for the compiles; the signatures of the modules IREE compiled (every
+        signature of such a module lowers: ``coverage.probe_nodes`` takes that as their
+        verdict)."""
+        return {s for part, _, f in self._parts if self._vmfb(f) is not None for s in part}
 
     def take(self, sigs) -> dict[str, tuple]:
-        vmfb = self._vmfb()
-        if vmfb is None:
-            return {}
-        return {s: (vmfb, i, self.graphs[i]) for i, s in enumerate(self.sigs) if s in sigs}
+        out = {}
+        for part, graphs, future in self._parts:
+            vmfb = self._vmfb(future)
+            if vmfb is not None:
+                out.update((s, (vmfb, i, graphs[i])) for i, s in enumerate(part) if s in sigs)
+        return out
+
+
+def _balanced(todo: dict[str, torch.fx.Graph], n: int) -> list[list[str]]:
+    """``todo``'s signatures in ``n`` groups of about equal work (nodes of the compiled
+    form: a convolution's im2col slices are most of its executables), largest first."""
+    parts: list[list[str]] = [[] for _ in range(n)]
+    load = [0] * n
+    for s in sorted(todo, key=lambda s: -len(todo[s].nodes)):
+        i = load.index(min(load))
+        parts[i].append(s)
+        load[i] += len(todo[s].nodes)
+    return [p for p in parts if p]
 
 
 def start_prefetch(nodes: list[torch.fx.Node], target: Target, cache: CostCache) -> Prefetch | None:
@@ -322,12 +349,10 @@ def measure_nodes(nodes: list[torch.fx.Node], target: Target, cache: CostCache,
             log.info("could not measure %s: %s", sig, e)
     iree = {}
     try:
-        if ready:
-            vmfb = next(iter(ready.values()))[0]
-            timed = {i: g for sig, (_, i, g) in ready.items() if sig in aten}
-            by_index = {i: sig for sig, (_, i, _) in ready.items()}
-            iree.update((by_index[i], ms) for i, ms in
-                        zip(timed, _time_functions(vmfb, timed, target, device)))
+        for vmfb in {id(v): v for v, _, _ in ready.values()}.values():  # one module at a time
+            part = {sig: (i, g) for sig, (v, i, g) in ready.items() if v is vmfb and sig in aten}
+            timed = {i: g for i, g in part.values()}
+            iree.update(zip(part, _time_functions(vmfb, timed, target, device)))
         if graphs:
             iree.update(zip(graphs, _run_iree_all(list(graphs.values()), target, device)))
     except Exception as e:

@@ -1,5 +1,7 @@
 """Per-op cost measurement: every unmeasured signature's IREE side in one compiler run."""
 
+import threading
+
 import torch
 
 from aot.lower import cost, iree_compile
@@ -69,7 +71,7 @@ def test_a_prefetch_compiles_while_coverage_is_probed_and_is_timed_after(tmp_pat
     cache = CostCache(target, directory=str(tmp_path))
     prefetch = cost.start_prefetch(nodes[:2], target, cache)  # the linear left out
     got = measure_nodes(nodes, target, cache, prefetch)
-    assert sorted(runs) == [1, 2]  # the prefetch's two, then the linear alone
+    assert sorted(runs) == [1, 1, 1]  # the prefetch's two modules, then the linear alone
     assert len(got) == 3 and all(c.aten_ms > 0 and c.iree_ms > 0 for c in got.values())
     # measured: nothing left to prefetch
     assert cost.start_prefetch(nodes, target, CostCache(target, directory=str(tmp_path))) is None
@@ -80,14 +82,15 @@ def test_a_prefetch_that_fails_leaves_the_measurement_as_it_was(tmp_path, monkey
     real = iree_compile.try_compile
     calls = []
 
-    def fails_first(text, tgt, *a, **k):  # the prefetch's module fails (an op IREE rejects)
-        calls.append(text.count("func.func @op"))
-        return (None, "error: simulated") if len(calls) == 1 else real(text, tgt, *a, **k)
+    def fails_first(text, tgt, *a, **k):  # the prefetch's modules fail (an op IREE rejects)
+        prefetching = threading.current_thread().name.startswith("aot-cost")
+        calls.append((prefetching, text.count("func.func @op")))
+        return (None, "error: simulated") if prefetching else real(text, tgt, *a, **k)
     monkeypatch.setattr(iree_compile, "try_compile", fails_first)
     nodes = _heavy_nodes()
     cache = CostCache(target, directory=str(tmp_path))
     got = measure_nodes(nodes, target, cache, cost.start_prefetch(nodes, target, cache))
-    assert calls == [3, 3]
+    assert sorted(calls) == [(False, 3), (True, 1), (True, 2)]
     assert len(got) == 3 and all(c.iree_ms and c.iree_ms > 0 for c in got.values())
 
 
@@ -111,12 +114,37 @@ def test_the_probe_leaves_the_prefetched_signatures_to_the_prefetch(tmp_path, mo
     assert probed == [len(verdicts) - 3]  # one probe compile, without the three heavy ops
     assert all(v.covered for v in verdicts.values())
 
-    class Failed:  # a prefetch whose module IREE rejected
+    class Failed:  # a prefetch whose modules IREE rejected
         sigs = prefetch.sigs
 
-        def ok(self):
-            return False
+        def covered(self):
+            return set()
     probed.clear()
     again = probe_nodes(nodes, target, CoverageCache(target, directory=str(tmp_path / "b")),
                         Failed())
     assert probed == [len(again) - 3, 3] and again == verdicts
+
+    class Half(Failed):  # one of its modules compiled: only the other's signatures are probed
+        def covered(self):
+            return set(prefetch.sigs[:1])
+    probed.clear()
+    third = probe_nodes(nodes, target, CoverageCache(target, directory=str(tmp_path / "c")),
+                        Half())
+    assert probed == [len(third) - 3, 2] and third == verdicts
+
+
+def test_the_prefetch_splits_its_signatures_into_modules_compiled_side_by_side(tmp_path):
+    """Each signature is in one module, the modules about equally heavy; every one is
+    timed from its own module (the same costs as measured one module per signature)."""
+    target = get_target("cpu")
+    heavy = _heavy_nodes()
+    prefetch = cost.start_prefetch(heavy, target, CostCache(target, directory=str(tmp_path)))
+    parts = [part for part, _, _ in prefetch._parts]
+    assert len(parts) == 2 and sorted(s for p in parts for s in p) == sorted(prefetch.sigs)
+    assert prefetch.covered() == set(prefetch.sigs)
+    ready = prefetch.take(set(prefetch.sigs))
+    assert len({id(v) for v, _, _ in ready.values()}) == 2
+    costs = cost.measure_nodes(heavy, target, CostCache(target, directory=str(tmp_path)),
+                               prefetch)
+    assert set(costs) == set(prefetch.sigs)
+    assert all(c.aten_ms > 0 and c.iree_ms > 0 for c in costs.values())
