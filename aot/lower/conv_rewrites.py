@@ -62,7 +62,7 @@ import logging
 
 import torch
 
-from .rewrite_nodes import emit_node as _emit, source_meta
+from .rewrite_nodes import emit_node as _emit, shadow, source_meta
 
 __all__ = ["conv_as_matmul", "depthwise_as_shifts", "as_matmul"]
 
@@ -227,15 +227,15 @@ def depthwise_as_shifts(node: torch.fx.Node, g: torch.fx.Graph, env: dict
     out = node.meta["val"]
     c, ho, wo = int(out.shape[1]), int(out.shape[2]), int(out.shape[3])
     if stride == [1, 1]:
-        cur, val = _padded(g, env[x], x.meta["val"], plan["padding"], keep)
+        cur, val = _padded(g, env[x], shadow(x.meta["val"]), plan["padding"], keep)
         window = _window
     else:
-        cur, val, origin = _phases(g, env[x], x.meta["val"], plan["padding"], stride,
+        cur, val, origin = _phases(g, env[x], shadow(x.meta["val"]), plan["padding"], stride,
                                    (ho, wo), (kh, kw), not _cheap(x), keep)
 
         def window(g, cur, val, offset, stride, size, keep):
             return _phase_window(g, cur, val, origin, offset, stride, size, keep)
-    wv = w.meta["val"].reshape(c, kh * kw)
+    wv = shadow(w.meta["val"]).reshape(c, kh * kw)
     taps = _emit(g, aten.view.default, (env[w], [c, kh * kw]), wv, keep)
     acc = acc_v = None
     for i in range(kh):
@@ -253,7 +253,7 @@ def depthwise_as_shifts(node: torch.fx.Node, g: torch.fx.Graph, env: dict
                 acc_v = acc_v + prod_v
                 acc = _emit(g, aten.add.Tensor, (acc, prod), acc_v, keep)
     if b is not None:
-        bv = b.meta["val"].view(1, c, 1, 1)
+        bv = shadow(b.meta["val"]).view(1, c, 1, 1)
         b4 = _emit(g, aten.view.default, (env[b], [1, c, 1, 1]), bv, keep)
         acc = _emit(g, aten.add.Tensor, (acc, b4), out, keep)
     acc.meta = {**dict(node.meta), "val": out}
@@ -305,7 +305,7 @@ def conv_as_matmul(node: torch.fx.Node, g: torch.fx.Graph, env: dict) -> torch.f
     b = node.args[2] if len(node.args) > 2 else None
     keep = source_meta(node)
     (kh, kw), (sh, sw) = plan["k"], plan["stride"]
-    cur, val = _padded(g, env[x], x.meta["val"], plan["padding"], keep)
+    cur, val = _padded(g, env[x], shadow(x.meta["val"]), plan["padding"], keep)
     out = node.meta["val"]
     n, c = int(val.shape[0]), int(val.shape[1])
     ho, wo = int(out.shape[2]), int(out.shape[3])
@@ -316,14 +316,14 @@ def conv_as_matmul(node: torch.fx.Node, g: torch.fx.Graph, env: dict) -> torch.f
         col, cval = _columns(g, cur, val, (kh, kw), (sh, sw), (ho, wo), keep)
     xr = _emit(g, aten.reshape.default, (col, [n, kk, ho * wo]), cval.reshape(n, kk, ho * wo),
                keep)
-    wv = w.meta["val"]
+    wv = shadow(w.meta["val"])
     co = int(wv.shape[0])
     w2 = _emit(g, aten.view.default, (env[w], [co, kk]), wv.reshape(co, kk), keep)
-    mm = _emit(g, aten.matmul.default, (w2, xr), torch.matmul(wv.reshape(co, kk), xr.meta["val"]),
-               keep)
+    mm = _emit(g, aten.matmul.default, (w2, xr),
+               torch.matmul(wv.reshape(co, kk), cval.reshape(n, kk, ho * wo)), keep)
     y = _emit(g, aten.view.default, (mm, [n, co, ho, wo]), out, keep)
     if b is not None:
-        bv = b.meta["val"]
+        bv = shadow(b.meta["val"])
         b4 = _emit(g, aten.view.default, (env[b], [1, co, 1, 1]), bv.view(1, co, 1, 1), keep)
         y = _emit(g, aten.add.Tensor, (y, b4), out, keep)
     y.meta = {**dict(node.meta), "val": out}

@@ -148,3 +148,34 @@ def test_depthwise_convs_with_a_channel_multiplier_or_large_kernel_keep_their_fo
         p = partition(import_model(conv.eval(), (torch.randn(*shape),)), get_target("cpu"),
                       PlacementPolicy("auto", (), "coverage"))
         assert "torch.aten.conv2d" in p.mlir
+
+
+def test_emitted_nodes_carry_fake_values_of_the_programs_mode():
+    """The rewrites work out values on meta tensors (``rewrite_nodes.shadow``); every node
+    they emit still carries a fake tensor of the exported program's mode, with the
+    sizes the op has."""
+    from torch._subclasses.fake_tensor import FakeTensor
+
+    from aot.lower.compiled_forms import emit
+    m = torch.nn.Sequential(torch.nn.Conv2d(8, 8, 3, stride=2, padding=1, groups=8),
+                            torch.nn.Conv2d(8, 4, 3, padding=1)).eval()
+    ep = torch.export.export(m, (torch.randn(1, 8, 9, 9),))
+    g, env = torch.fx.Graph(), {}
+    convs = 0
+    for n in ep.graph.nodes:
+        new = emit(n, g, env)
+        convs += new is not None
+        env[n] = new if new is not None else g.node_copy(n, lambda a: env[a])
+        if new is not None:
+            assert new.meta["val"] is n.meta["val"]
+    assert convs == 2
+    mode = next(n.meta["val"] for n in ep.graph.nodes if n.op == "placeholder").fake_mode
+    emitted = [n for n in g.nodes if n.op == "call_function"]
+    assert len(emitted) > 20
+    for n in emitted:
+        val = n.meta["val"]
+        assert isinstance(val, FakeTensor) and val.fake_mode is mode and val.device.type == "cpu"
+        real = n.target(*[a.meta["val"] if isinstance(a, torch.fx.Node) else
+                          [x.meta["val"] for x in a] if isinstance(a, list) and a and
+                          isinstance(a[0], torch.fx.Node) else a for a in n.args])
+        assert real.shape == val.shape and real.dtype == val.dtype
