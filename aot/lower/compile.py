@@ -39,7 +39,7 @@ from ..importer.locations import node_location
 from .fold_bn import fold_batch_norm
 from .fold_constants import fold_constants
 from .recover import blame, grow
-from .regions import choose_region, may_measure, pick_variant, worth_measuring
+from .regions import aten_candidates, choose_region, may_measure, pick_variant, worth_measuring
 from .specialize import specialize, worth_specializing
 from .tiling import DYNAMIC_UNSAFE, safe_for_dynamic, tiled_target, worth_tiling
 from .targets import Target
@@ -206,17 +206,24 @@ def _compile_split(imported: ImportedProgram, target: Target, policy: PlacementP
     imported, folded = prepare(imported, policy)
     demoted: dict[str, str] = {}
     assumed = Assumed() if assumes_coverage(target, policy) else None
+    aten = None
     for _ in range(_MAX_RECOVERY_ROUNDS + 1 + (assumed is not None)):
         p = partition(imported, target, policy, demoted=demoted, assume=assumed)
-        # the variant (if any) compiles beside the per-op module: each iree-compile
+        # the compiles run beside each other and beside this thread, which meanwhile
+        # partitions the variant and builds the ATen-region candidates: each iree-compile
         # keeps about one core busy, and they are independent
-        variant = _variant_program(imported, target, policy, demoted, p, assumed) \
-            if example is not None else None
-        with concurrent.futures.ThreadPoolExecutor(1) as pool:
-            pending = pool.submit(_compile_variant, *variant) if variant else None
+        with concurrent.futures.ThreadPoolExecutor(2) as pool:
             step("compiling %s with IREE: %d ops compiled, %d kernel calls", imported.name,
                  sum(pl.where == "compiled" for pl in p.placements), len(p.kernel_calls))
-            vmfb, diag = try_compile(p.mlir, target)
+            compiling = pool.submit(try_compile, p.mlir, target)
+            variant = _variant_program(imported, target, policy, demoted, p, assumed) \
+                if example is not None else None
+            pending = pool.submit(_compile_variant, *variant) if variant else None
+            measuring = example is not None and worth_measuring(imported, bool(p.kernel_calls),
+                                                                target, policy)
+            if measuring and aten is None:  # built once, whatever the rounds
+                aten = aten_candidates(imported, target)
+            vmfb, diag = compiling.result()
             variants = pending.result() if pending is not None and vmfb is not None else {}
         if vmfb is not None and assumed is not None:
             assumed.confirm(p.placements, target)
@@ -230,8 +237,8 @@ def _compile_split(imported: ImportedProgram, target: Target, policy: PlacementP
             art = _artifact(p, vmfb, time.perf_counter() - t0)
             if example is not None and imported.symbols:
                 art, variants = _specialized(art, variants, imported, target, policy)
-            if example is not None and worth_measuring(imported, art, target, policy):
-                art = choose_region(art, imported, target, policy, example, variants)
+            if measuring:
+                art = choose_region(art, imported, target, policy, example, variants, aten)
             elif variants:
                 name, entry = pick_variant({"iree": art, **variants}, example, target,
                                            policy.plan)

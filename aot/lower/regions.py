@@ -66,7 +66,9 @@ sleep, puts every timed call at steady state: per block position the same within
 ``_SLOW_S`` or more (ViT-B/16 at batch 8: 1.7 s) has no untimed call before its blocks,
 and the last of its warm-up calls sizes the rounds instead of one more probe call: a
 thread settling for a millisecond is lost in such a call, and the untimed calls were a
-third of the candidates' calls (ViT-B/16 batch 8 compiled in 210 s cold).
+third of the candidates' calls (ViT-B/16 batch 8 compiled in 210 s cold). Its blocks are
+``_BLOCK_SLOW`` calls: the first two rounds (which every candidate runs) were 14 of
+ViT-B/16's 24 s of timing on the 2-core EPYC, at 0.3-0.6 s a call.
 
 **Deciding.** Each candidate's median and spread (half its interquartile range)
 are recorded. The fastest median wins, except that a candidate earlier in a fixed
@@ -128,7 +130,7 @@ from ..errors import UnsupportedOp
 from .placement import KERNEL_CALL, Placement, PlacementPolicy
 from .targets import Target
 
-__all__ = ["may_measure", "worth_measuring", "choose_region", "choice", "program_key", "read_plan", "plan_of", "RUNS", "BUDGET_S", "MARGIN"]
+__all__ = ["may_measure", "worth_measuring", "choose_region", "aten_candidates", "choice", "program_key", "read_plan", "plan_of", "RUNS", "BUDGET_S", "MARGIN"]
 log = logging.getLogger(__name__)
 
 _QUANTIZED_MM = {f"{QUANTIZED_NAMESPACE}::conv2d", f"{QUANTIZED_NAMESPACE}::linear"}
@@ -141,6 +143,7 @@ _WARMUP_CPU = 2   # the first call packs weights; the second runs as every later
 _SLOW_S = 0.1     # a candidate whose call takes this long times its blocks without an
                   # untimed call first
 _BLOCK = 3        # timed calls per candidate per round, after untimed ones (``_WARM_S``)
+_BLOCK_SLOW = 2   # ...for a candidate whose call takes ``_SLOW_S`` or more
 _WARM_S = 0.005   # untimed calls per block, at least this long: steady state again
 EXTRA_S = 3.0     # at most this much more for the contenders whose order is not yet clear
 NOISY = 0.10      # a spread (half IQR) over this fraction of a median is a noisy measurement
@@ -156,12 +159,13 @@ def may_measure(target: Target, policy: PlacementPolicy) -> bool:
     return target.driver.startswith("local") or torch.cuda.is_available()
 
 
-def worth_measuring(imported: ImportedProgram, per_op: CompiledArtifact, target: Target,
+def worth_measuring(imported: ImportedProgram, kernel_calls: bool, target: Target,
                     policy: PlacementPolicy) -> bool:
-    """``may_measure``, and kernel calls or at least one heavy op (or quantized conv/linear)."""
+    """``may_measure``, and the per-op placement has ``kernel_calls`` or the program at
+    least one heavy op (or quantized conv/linear)."""
     if not may_measure(target, policy):
         return False
-    if per_op.manifest["kernel_calls"]:
+    if kernel_calls:
         return True
     return any(n.op == "call_function" and ((node_flops(n) or 0) >= MIN_FLOPS or _quantized_mm(n))
                for n in imported.exported.graph.nodes)
@@ -175,7 +179,8 @@ def _quantized_mm(n) -> bool:
 
 def choose_region(per_op: CompiledArtifact, imported: ImportedProgram, target: Target,
                   policy: PlacementPolicy, example,
-                  variants: dict[str, CompiledArtifact] | None = None) -> CompiledArtifact:
+                  variants: dict[str, CompiledArtifact] | None = None,
+                  aten: dict[str, CompiledArtifact] | None = None) -> CompiledArtifact:
     """The fastest of the per-op artifact and the ATen-region candidates.
 
     Args:
@@ -185,6 +190,7 @@ def choose_region(per_op: CompiledArtifact, imported: ImportedProgram, target: T
         imported: the program it was compiled from (batch norm folded).
         policy: its ``plan`` (``CompiledModule.plan()``), when given, pins the choice.
         example: ``(args, kwargs)``, the example inputs to time the candidates on.
+        aten: the whole-ATen-region candidates (``aten_candidates``), when already built.
     Raises:
         UnsupportedOp: the plan names a candidate this program does not have here.
     """
@@ -206,7 +212,7 @@ def choose_region(per_op: CompiledArtifact, imported: ImportedProgram, target: T
                 **per_op.manifest, "executor": {**executor, "one_thread_calls": keys}},
                 per_op.constants)
     cands.update(variants or {})
-    cands.update(_aten_candidates(imported, target))
+    cands.update(aten_candidates(imported, target) if aten is None else aten)
     key = program_key(imported, target, cands)
     region = _pinned(policy.plan, cands) or _cached(key, cands, target)
     if region is None:
@@ -432,7 +438,7 @@ def _pinned(plan: dict | None, cands: dict) -> dict | None:
             "source": "pinned by the plan given to compile"}
 
 
-def _aten_candidates(imported: ImportedProgram, target: Target) -> dict:
+def aten_candidates(imported: ImportedProgram, target: Target) -> dict:
     """The whole-ATen-region candidates for this program and target (none on failure)."""
     from .compile import compile_program
     from .partition import partition
@@ -558,7 +564,7 @@ def _round(mods, order, args, kwargs, sync, samples, settled=frozenset()) -> Non
             sync()
             if time.perf_counter() - t0 >= _WARM_S:
                 break
-        for _ in range(_BLOCK):
+        for _ in range(_BLOCK_SLOW if name in settled else _BLOCK):
             sync()
             t = time.perf_counter()
             m(*args, **kwargs)
