@@ -215,7 +215,7 @@ def _compile_split(imported: ImportedProgram, target: Target, policy: PlacementP
         with concurrent.futures.ThreadPoolExecutor(2) as pool:
             step("compiling %s with IREE: %d ops compiled, %d kernel calls", imported.name,
                  sum(pl.where == "compiled" for pl in p.placements), len(p.kernel_calls))
-            compiling = pool.submit(try_compile, p.mlir, target)
+            compiling = pool.submit(try_compile, _compile_input(p), target)
             variant = _variant_program(imported, target, policy, demoted, p, assumed) \
                 if example is not None else None
             pending = pool.submit(_compile_variant, *variant) if variant else None
@@ -233,6 +233,9 @@ def _compile_split(imported: ImportedProgram, target: Target, policy: PlacementP
                      "them", imported.name, len(assumed.sigs), first_error(diag))
             assumed = None
             continue
+        if vmfb is None and target.via == "torch":
+            # again from the text, for diagnostics that point at its lines (``blame``)
+            vmfb, diag = try_compile(p.mlir, target)
         if vmfb is not None:
             art = _artifact(p, vmfb, time.perf_counter() - t0)
             if example is not None and imported.symbols:
@@ -321,11 +324,19 @@ def _coverage_wanted(per_op: PartitionedProgram, target: Target, policy: Placeme
             and all(pl.reason.startswith(MEASURED_FASTER) for pl in measured))
 
 
+def _compile_input(p: PartitionedProgram) -> str | bytes:
+    """What iree-compile reads: MLIR bytecode, where the weights are bytes (as text they
+    are hex, 690 MB for ViT-B/16, 2-3 s to print and as long to parse); the text where
+    torch-mlir reads it first (``via="stablehlo"``)."""
+    return p.bytecode() if p.target.via == "torch" else p.mlir
+
+
 def _compile_variant(name: str, p: PartitionedProgram, what: str) -> dict[str, CompiledArtifact]:
-    """``{name: artifact}`` of a variant's program, or ``{}`` where IREE fails on it."""
+    """``{name: artifact}`` of a variant's program, or ``{}`` where IREE fails on it
+    (compiled from bytecode: nothing is blamed on its failure)."""
     t0 = time.perf_counter()
     try:
-        vmfb, diag = try_compile(p.mlir, p.target)
+        vmfb, diag = try_compile(_compile_input(p), p.target)
     except Exception as e:  # a variant that cannot be built is not a candidate
         log.info("no %s variant of %s: %s", name, what, e)
         return {}

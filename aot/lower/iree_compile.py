@@ -18,8 +18,9 @@ __all__ = ["compile_mlir", "compile_error", "discard_dump", "try_compile", "firs
 log = logging.getLogger(__name__)
 
 
-def try_compile(asm: str, target: Target) -> tuple[bytes | None, str]:
-    """Compile the Torch-dialect ``asm``; return ``(vmfb, "")`` or ``(None, diagnostics)``.
+def try_compile(asm: str | bytes, target: Target) -> tuple[bytes | None, str]:
+    """Compile the Torch-dialect ``asm`` (text, or MLIR bytecode); return ``(vmfb, "")``
+    or ``(None, diagnostics)``.
 
     ``target.via == "stablehlo"``: torch-mlir lowers it to StableHLO first
     (``aot.lower.stablehlo``); its diagnostics point at ``asm``'s lines as IREE's do."""

@@ -10,6 +10,8 @@ is imported and outlined (``outline``) into the Torch-dialect module that
 
 from __future__ import annotations
 
+import functools
+import io
 import logging
 import operator
 from dataclasses import dataclass, field
@@ -36,9 +38,12 @@ log = logging.getLogger(__name__)
 class PartitionedProgram:
     """Made by :func:`partition`, read by ``aot.lower.compile.compile_program``.
 
-    ``mlir`` is the outlined Torch-dialect module as text (kernel calls are
-    ``func.call``s of ``aot_kernels.*`` imports); ``placements`` has one row per
-    op, in graph order; ``kernel_calls[i].key`` names the i-th host function.
+    ``module`` is the outlined Torch-dialect module (kernel calls are ``func.call``s
+    of ``aot_kernels.*`` imports), ``mlir`` its text (printed when first read: the
+    weights are hex in it, 690 MB for ViT-B/16, 2-3 s to print and as long for
+    iree-compile to parse), ``bytecode()`` its MLIR bytecode (the weights as bytes);
+    ``placements`` has one row per op, in graph order; ``kernel_calls[i].key`` names
+    the i-th host function.
     """
 
     imported: ImportedProgram
@@ -46,7 +51,7 @@ class PartitionedProgram:
     policy: PlacementPolicy
     placements: tuple[Placement, ...]
     kernel_calls: tuple[KernelCallSpec, ...]
-    mlir: str
+    module: object = field(compare=False, repr=False)
     producers: dict[str, tuple[str, ...]] | None = None  # op node -> the op nodes it reads
     # weights only kernel calls read, by name: kept beside the module for the host,
     # never passed through IREE (which copies a constant on every call it crosses)
@@ -61,6 +66,18 @@ class PartitionedProgram:
         keys = [k.key for k in self.kernel_calls]
         assert len(set(keys)) == len(keys), "kernel call keys must be unique"
         assert {p.key for p in self.placements if p.where == KERNEL_CALL} == set(keys)
+
+    @functools.cached_property
+    def mlir(self) -> str:
+        return str(self.module)
+
+    def bytecode(self) -> bytes:
+        """The module as MLIR bytecode, which iree-compile reads as it reads the text;
+        its diagnostics then point at the ops' own locations, not at lines of ``mlir``
+        (``recover.blame`` needs the text)."""
+        out = io.BytesIO()
+        self.module.operation.write_bytecode(out)
+        return out.getvalue()
 
 
 def torch_mlir(imported: ImportedProgram) -> str:
@@ -113,7 +130,7 @@ def partition(imported: ImportedProgram, target: Target,
         for p in decisions.placements)
     producers = {n.name: tuple(a.name for a in n.all_input_nodes if a.op == "call_function")
                  for n in op_nodes(ep)}
-    return PartitionedProgram(imported, target, policy, placements, tuple(specs), str(module),
+    return PartitionedProgram(imported, target, policy, placements, tuple(specs), module,
                               producers, consts.tensors,
                               None if whole is None else specs[whole].key, graph)
 
