@@ -148,7 +148,8 @@ _WARM_S = 0.005   # untimed calls per block, at least this long: steady state ag
 EXTRA_S = 3.0     # at most this much more for the contenders whose order is not yet clear
 NOISY = 0.10      # a spread (half IQR) over this fraction of a median is a noisy measurement
 OUT_OF_RACE = 1.5  # after two rounds, a candidate whose fastest call is this many times the
-                   # best median is timed no more (``_in_race``)
+                   # best median is timed no more (``_in_race``), but for one block that
+                   # checks it was not just disturbed (``_recheck``)
 MARGIN = 0.03     # leads within this fraction are near-ties, settled by ``_ORDER``
 
 
@@ -527,6 +528,7 @@ def _time_candidates(cands: dict[str, CompiledArtifact], example, target: Target
                    sync, samples, settled)
             if r >= 1:
                 names = _in_race(samples, names)
+        _recheck(mods, names, args, kwargs, sync, samples, settled)
         # the choice and every candidate that might still beat it: measured more, in
         # rotating order, until the order is clear, one has _MAX_RUNS samples, or
         # EXTRA_S is spent (noise re-measures; it never protects the first candidate)
@@ -550,6 +552,24 @@ def _in_race(samples: dict[str, list], names: list[str]) -> list[str]:
     candidates at 145 ms beside ``aten-prepacked`` at 87). Their samples are kept."""
     best = min(statistics.median(samples[k]) for k in names)
     return [k for k in names if min(samples[k]) < OUT_OF_RACE * best]
+
+
+def _recheck(mods, names, args, kwargs, sync, samples, settled=frozenset()) -> None:
+    """One more block for each candidate ``_in_race`` dropped (those not in ``names``): one
+    that now runs within ``OUT_OF_RACE`` of the best median was slowed by something
+    else while it was timed (a burst of other work on the machine), so its earlier
+    samples are dropped and it is measured from that block on, as the others are."""
+    if len(names) == len(mods):
+        return
+    best = min(statistics.median(samples[k]) for k in names)
+    for k in [k for k in mods if k not in names]:
+        before, samples[k] = samples[k], []
+        _round(mods, [k], args, kwargs, sync, samples, settled)
+        if min(samples[k]) < OUT_OF_RACE * best:
+            log.info("region candidate %s ran %.3f ms again after %.3f ms medians: measured "
+                     "anew", k, min(samples[k]), statistics.median(before))
+        else:
+            samples[k] = before + samples[k]
 
 
 def _round(mods, order, args, kwargs, sync, samples, settled=frozenset()) -> None:

@@ -1,5 +1,7 @@
 """Region placement (measured end to end), host-held constants, channels-last ATen regions."""
 
+import time
+
 import pytest
 import torch
 
@@ -159,6 +161,26 @@ def test_a_candidate_that_cannot_win_is_timed_no_more():
     assert _in_race(samples, list(samples)) == ["aten", "noisy"]
     samples["iree"][0] = 87.0 * OUT_OF_RACE - 0.1  # one call near enough: it stays
     assert _in_race(samples, list(samples)) == list(samples)
+
+
+def test_a_dropped_candidate_that_runs_fast_again_is_measured_anew():
+    """A candidate a burst of other work slowed in its first rounds is dropped, then
+    rechecked with one block: running fast again, its disturbed samples go and it is
+    measured from there on; still slow, it keeps them all."""
+    from aot.lower.regions import _recheck
+
+    times = {"aten": [5.0] * 50, "disturbed": [4.0] * 50, "slow": [30.0] * 50}
+
+    def module(name):
+        def call(*args, **kwargs):
+            time.sleep(times[name].pop() / 1e3)
+        return call
+    mods = {k: module(k) for k in times}
+    samples = {"aten": [5.0] * 6, "disturbed": [80.0] * 6, "slow": [30.0] * 6}
+    _recheck(mods, ["aten"], (), {}, lambda: None, samples, settled=set(times))
+    assert len(samples["disturbed"]) == 2 and max(samples["disturbed"]) < 80.0
+    assert len(samples["slow"]) == 8 and samples["slow"][:6] == [30.0] * 6
+    assert samples["aten"] == [5.0] * 6
 
 
 def test_the_example_decides_and_the_range_end_settles_near_ties():
