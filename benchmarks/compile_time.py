@@ -74,7 +74,8 @@ def worker(model: str, system: str) -> dict:
     seconds = time.perf_counter() - t0
     region = cm.manifest.get("region") or {}
     return {"seconds": seconds, "iree_runs": len(runs), "iree_seconds": sum(runs),
-            "chosen": region.get("chosen"), "progress": lines.getvalue().splitlines()}
+            "chosen": region.get("chosen"), "candidates_ms": region.get("candidates_ms"),
+            "progress": lines.getvalue().splitlines()}
 
 
 def _run(tree: str, model: str, system: str) -> dict:
@@ -129,6 +130,7 @@ def main(argv=None) -> int:
                      "iree_runs": ok[-1].get("iree_runs") if ok else None,
                      "iree_s": round(ok[-1].get("iree_seconds", 0), 1) if ok else None,
                      "chosen": ok[-1].get("chosen") if ok else None,
+                     "candidates_ms": ok[-1].get("candidates_ms") if ok else None,
                      "progress": ok[-1].get("progress", []) if ok else [],
                      "error": None if ok else runs[-1].get("error")})
     md = [f"{info}. Cold compiles (empty cache), each in its own process; median of "
@@ -142,8 +144,9 @@ def main(argv=None) -> int:
                   f"{r['iree_s'] if r['iree_s'] is not None else ''} | {r['chosen'] or ''} |")
     for r in rows:
         if r["progress"]:
+            cands = ", ".join(f"{k} {v}" for k, v in (r["candidates_ms"] or {}).items())
             md += ["", f"{r['model']} ({os.path.basename(r['tree'])}):", "```", *r["progress"],
-                   "```"]
+                   *([f"candidates (median ms): {cands}"] if cands else []), "```"]
     publish(a.out, "\n".join(md) + "\n", info, rows)
     return 0
 

@@ -30,11 +30,19 @@ from ..progress import step
 from .targets import Target
 
 __all__ = ["Cost", "CostCache", "measure_nodes", "measure_decomposed", "start_prefetch",
-           "Prefetch", "MIN_FLOPS", "CROSSING_MS"]
+           "Prefetch", "MIN_FLOPS", "CROSSING_MS", "HANDOFF_MS", "handoff_ms"]
 log = logging.getLogger(__name__)
 
 MIN_FLOPS = 2_000_000       # below this an op is too small to be worth measuring or moving
 CROSSING_MS = 0.03          # two boundary crossings (~17 us each measured on CPU), rounded up
+# A heavy kernel call between compiled dispatches on IREE's CPU task workers costs more
+# than its crossings: torch's OpenMP team spins after the op on the cores IREE's workers
+# need next (``aot.lower.threads``). MobileNetV3-Small's per-op artifact with three
+# convolutions in ATen, each measured 0.08-0.21 ms faster there alone (0.50 ms in all),
+# ran 12.0 ms a call against 5.5 ms for every op compiled (2-core EPYC, one process,
+# interleaved): 2.3 ms lost per call; 0.69 ms per call with the calls on one thread
+# (8.06 against 6.49 in the region measurement), 0.47 under OMP_WAIT_POLICY=PASSIVE.
+HANDOFF_MS = 0.5
 _RUNS = 7
 
 
@@ -48,9 +56,20 @@ class Cost:
         return (self.aten_ms is not None and self.iree_ms is not None
                 and self.aten_ms + CROSSING_MS < self.iree_ms)
 
+    @property
+    def saving_ms(self) -> float | None:
+        """What ATen's kernel saves over IREE's code, crossings paid, where it wins."""
+        return self.iree_ms - self.aten_ms - CROSSING_MS if self.aten_wins else None
+
     def reason(self) -> str:
         return (f"{MEASURED_FASTER}: {self.aten_ms:.3f} ms vs IREE {self.iree_ms:.3f} ms "
                 "(measured on this machine)")
+
+
+def handoff_ms(target: Target) -> float:
+    """What a heavy kernel call between compiled dispatches costs beyond its crossings
+    on ``target``: ``HANDOFF_MS`` on IREE's CPU task workers, else 0 (not measured)."""
+    return HANDOFF_MS if target.driver == "local-task" else 0.0
 
 
 # how the reason of a placement decided by measurement begins

@@ -244,7 +244,7 @@ def _place(ep, policy: PlacementPolicy, verdicts: dict[str, Verdict], demoted: d
     placements, decided = [], {}
     user_inputs = _user_inputs(ep)
     for n in op_nodes(ep):
-        name = op_name(n.target)
+        name, saving = op_name(n.target), None
         if not isinstance(n.target, torch._ops.OpOverload):
             where, why = COMPILED, "symbolic scalar arithmetic (always compiled)"
         elif policy.fallback == "all":
@@ -263,9 +263,10 @@ def _place(ep, policy: PlacementPolicy, verdicts: dict[str, Verdict], demoted: d
                 why = kept[n.target]
             cost = (costs or {}).get(op_signature(n))
             if v.covered and cost is not None and cost.aten_wins:
-                where, why = KERNEL_CALL, cost.reason()
+                where, why, saving = KERNEL_CALL, cost.reason(), round(cost.saving_ms, 4)
         decided[n] = (where, why)
-        placements.append(Placement(n.name, name, where, why, node_location(n), node_flops(n)))
+        placements.append(Placement(n.name, name, where, why, node_location(n), node_flops(n),
+                                    saving_ms=saving))
     return placements, decided
 
 

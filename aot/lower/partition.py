@@ -126,7 +126,7 @@ def partition(imported: ImportedProgram, target: Target,
     placements = tuple(
         Placement(p.node, p.op, p.where,
                   p.reason + (note if node_keys.get(p.node) in on_cpu else ""), p.location,
-                  p.flops, node_keys.get(p.node))
+                  p.flops, node_keys.get(p.node), p.saving_ms)
         for p in decisions.placements)
     producers = {n.name: tuple(a.name for a in n.all_input_nodes if a.op == "call_function")
                  for n in op_nodes(ep)}

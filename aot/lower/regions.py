@@ -27,7 +27,8 @@ per invocation and per crossing can exceed what its code saves.
   partitioned as ``placement="coverage"`` and compiled with data tiling and
   microkernels (``aot.lower.tiling``); its own placements go into the manifest;
 - ``iree-coverage`` (programs whose per-op placement put a few ops in ATen only
-  because each measured faster there, ``compile.COVERAGE_MAX_CALLS``): the program
+  because each measured faster there, priced at the crossings alone: not on IREE's
+  CPU task workers, ``compile._coverage_wanted``): the program
   partitioned as ``placement="coverage"``, compiled as the per-op one is; its own
   placements go into the manifest;
 - ``aten``: every op a kernel call, neighbours grouped into as few crossings as

@@ -117,7 +117,8 @@ def test_heavy_kernel_calls_between_compiled_ops_are_also_timed_on_one_thread(
     right as they are."""
     from aot.lower.cost import Cost
     monkeypatch.setenv("AOT_CACHE_DIR", str(tmp_path))
-    monkeypatch.setattr(Cost, "aten_wins", property(lambda self: True))  # convs in ATen
+    monkeypatch.setattr(Cost, "aten_wins", property(lambda self: True))  # convs in ATen,
+    monkeypatch.setattr(Cost, "saving_ms", property(lambda self: 5.0))  # worth the hand-off
     torch.manual_seed(0)
     m, x = ConvNet().eval(), torch.randn(2, 16, 32, 32)
     cm = aot.compile(m, (x,), plan={"region": "iree-one-thread"})
