@@ -148,4 +148,3 @@ def test_the_prefetch_splits_its_signatures_into_modules_compiled_side_by_side(t
                                prefetch)
     assert set(costs) == set(prefetch.sigs)
     assert all(c.aten_ms > 0 and c.iree_ms > 0 for c in costs.values())
-
