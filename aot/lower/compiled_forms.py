@@ -5,7 +5,8 @@ Each rewrite computes the op's own arithmetic in ops IREE 3.13 compiles well
 shifted multiply-adds (``conv_rewrites``), attention as two matmuls around a
 softmax (``attention_rewrites``), global average pooling as a mean
 (``pool_rewrites``), linear layers on 3-D and 4-D inputs as 2-D ones
-(``linear_rewrites``). ``emit`` is the one entry point: the partitioner calls it for
+(``linear_rewrites``), integer floor division as truncating division and a
+correction (``int_division``: IREE's goes through floating point, wrong past 2**24). ``emit`` is the one entry point: the partitioner calls it for
 every compiled op, the cost probe for the one-op graphs it times, so both measure
 and build the same form.
 """
@@ -18,6 +19,7 @@ from ..importer.dynamic import is_symbolic_value
 from .attention_rewrites import attention_as_matmuls
 from .conv_rewrites import conv_as_matmul, depthwise_as_shifts
 from .linear_rewrites import linear_as_2d
+from .int_division import floor_division_exact
 from .pool_rewrites import global_pool_as_mean
 
 __all__ = ["FORMS", "emit"]
@@ -25,11 +27,11 @@ __all__ = ["FORMS", "emit"]
 # names the compiled forms; part of the cost cache's key (``cost``), so a measurement
 # of an op's older form is not reused
 FORMS = ("conv-as-matmul-3+depthwise-as-shifts-3+attention-as-matmuls-1"
-         "+global-pool-as-mean-1+linear-as-2d-2")
+         "+global-pool-as-mean-1+linear-as-2d-2+int-floor-division-1")
 _REWRITES = (conv_as_matmul, depthwise_as_shifts, attention_as_matmuls, global_pool_as_mean,
-             linear_as_2d)
+             linear_as_2d, floor_division_exact)
 # the forms that also take sizes following a dynamic dimension (``dynamic_shapes``)
-_SYMBOLIC = (linear_as_2d,)
+_SYMBOLIC = (linear_as_2d, floor_division_exact)
 
 
 def emit(node: torch.fx.Node, g: torch.fx.Graph, env: dict) -> torch.fx.Node | None:
