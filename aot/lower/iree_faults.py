@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["WRITES_IN_PLACE", "F64_INEXACT", "ORDER_OPS", "WRONG_LOWERINGS", "iree_fault"]
+__all__ = ["WRITES_IN_PLACE", "F64_INEXACT", "ORDER_OPS", "WRONG_LOWERINGS", "FLOAT_WRONG",
+           "iree_fault"]
 
 # Ops IREE lowers to an update in place of their first operand (destination-passing
 # scatters and sorts). IREE 3.13 does that in place even when the operand is a model
@@ -60,6 +61,14 @@ WRONG_LOWERINGS = {
     "aten::grid_sampler": "IREE's grid_sampler samples wrong pixels (bilinear, zeros padding)",
     "aten::grid_sampler_2d": "IREE's grid_sampler samples wrong pixels (bilinear, zeros padding)",
 }
+
+
+# Lowerings wrong on edge values of floating-point operands (issue 35's corpus): IREE's
+# fmod computes through the quotient, so a large one loses the result (float32
+# 1e30 fmod 7: off by 2.8e22; 1.1e12 fmod 1e-3 gave -2.4e-7, eager 1.0e-3); ATen's is
+# exact, as IEEE fmod is.
+FLOAT_WRONG = {"aten::fmod": "IREE's fmod of floats loses the result when the quotient "
+                              "is large (1e30 fmod 7 off by 2.8e22); ATen's is exact"}
 
 
 def _val(a):
@@ -124,6 +133,9 @@ def iree_fault(n: torch.fx.Node, user_inputs: set, via: str = "torch") -> str | 
             return "IREE's sort is not stable: on ties its indices are not eager's"
     if name in WRONG_LOWERINGS:
         return WRONG_LOWERINGS[name]
+    if name in FLOAT_WRONG and any((_tensor_dtype(a) or torch.int8).is_floating_point
+                                   for a in n.all_input_nodes):
+        return FLOAT_WRONG[name]
     if _bool_to_complex(n):
         return "IREE converts True to -1 + 0j"
     return None

@@ -285,9 +285,10 @@ _POOLED = torch.nn.functional.max_pool2d(torch.randn(1, 2, 7, 7), 3, 2, return_i
      (torch.randn(2, 3, 5, 5), torch.rand(2, 5, 5, 2) * 2 - 1)),
     # its decomposition goes through complex128, which compiled code cannot hold
     (lambda x: torch.fft.hfft(x, 10, 1, "ortho"), (torch.randn(5, 6, 7, dtype=torch.float64),)),
+    (torch.fmod, (torch.tensor([1.1e12, -3.3e9, 1e30, -7.5]), torch.tensor([1e-3, 0.7, 7, 2]))),
 ], ids=["sort_int", "sort_bool", "topk_of_input", "sort_ties_indices", "bool_to_complex",
         "rad2deg_f64", "nearest_exact_down", "max_unpool_k3s2", "logcumsumexp",
-        "embedding_bag_weights", "grid_sample", "hfft_f64"])
+        "embedding_bag_weights", "grid_sample", "hfft_f64", "fmod_large_quotient"])
 def test_ops_iree_gets_wrong_give_eagers_answer(fn, args, mode):
     check(fn, args, mode)
 
