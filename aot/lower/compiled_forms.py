@@ -26,7 +26,7 @@ __all__ = ["FORMS", "emit"]
 
 # names the compiled forms; part of the cost cache's key (``cost``), so a measurement
 # of an op's older form is not reused
-FORMS = ("conv-as-matmul-3+depthwise-as-shifts-3+attention-as-matmuls-1"
+FORMS = ("conv-as-matmul-4+depthwise-as-shifts-3+attention-as-matmuls-1"
          "+global-pool-as-mean-1+linear-as-2d-2+int-floor-division-1")
 _REWRITES = (conv_as_matmul, depthwise_as_shifts, attention_as_matmuls, global_pool_as_mean,
              linear_as_2d, floor_division_exact)

@@ -66,6 +66,16 @@ def test_an_unstrided_kxk_conv_is_im2col_and_a_matmul():
     assert p.mlir.count("torch.aten.slice.Tensor") == 18  # 9 windows of the padded input: rows, cols
 
 
+def test_a_strided_kxk_conv_is_two_unfolds_a_transpose_and_a_matmul():
+    """Strided windows as ``unfold`` views and one transposing copy (one IREE dispatch),
+    not one strided slice per tap (49 for a 7x7 stem)."""
+    conv = torch.nn.Conv2d(3, 8, 7, stride=2, padding=3)
+    p = partition(import_model(conv.eval(), (torch.randn(1, 3, 20, 19),)), get_target("cpu"),
+                  PlacementPolicy("auto", (), "coverage"))
+    assert p.mlir.count("torch.aten.unfold") == 2 and "torch.aten.stack" not in p.mlir
+    assert "torch.aten.slice.Tensor" not in p.mlir and "torch.aten.matmul" in p.mlir
+
+
 @pytest.mark.parametrize("k,hw,batch", [(4, (16, 16), 1), ((2, 3), (9, 13), 2), (16, (33, 32), 1)])
 def test_a_patch_embedding_is_a_view_a_transpose_and_a_matmul(k, hw, batch):
     """Stride equal to the kernel (ViT's, Swin's stems): the windows do not overlap, so
