@@ -29,7 +29,8 @@ def _val(a):
 
 
 def _integer_floor_division(n: torch.fx.Node) -> bool:
-    if n.op != "call_function" or n.target not in _FLOOR_OPS or len(n.args) < 2:
+    if n.op != "call_function" or n.target not in _FLOOR_OPS or len(n.args) < 2 \
+            or not isinstance(n.args[0], torch.fx.Node):
         return False
     if n.target in (aten.div.Tensor_mode, aten.div.Scalar_mode) \
             and n.kwargs.get("rounding_mode") != "floor":
