@@ -6,7 +6,9 @@ shifted multiply-adds (``conv_rewrites``), attention as two matmuls around a
 softmax (``attention_rewrites``), global average pooling as a mean
 (``pool_rewrites``), linear layers on 3-D and 4-D inputs as 2-D ones
 (``linear_rewrites``), integer floor division as truncating division and a
-correction (``int_division``: IREE's goes through floating point, wrong past 2**24). ``emit`` is the one entry point: the partitioner calls it for
+correction (``int_division``: IREE's goes through floating point, wrong past 2**24),
+variance and standard deviation in two passes (``var_rewrites``: IREE's one pass
+cancels where the mean is large). ``emit`` is the one entry point: the partitioner calls it for
 every compiled op, the cost probe for the one-op graphs it times, so both measure
 and build the same form.
 """
@@ -21,15 +23,16 @@ from .conv_rewrites import conv_as_matmul, depthwise_as_shifts
 from .linear_rewrites import linear_as_2d
 from .int_division import floor_division_exact
 from .pool_rewrites import global_pool_as_mean
+from .var_rewrites import variance_two_pass
 
 __all__ = ["FORMS", "emit"]
 
 # names the compiled forms; part of the cost cache's key (``cost``), so a measurement
 # of an op's older form is not reused
 FORMS = ("conv-as-matmul-4+depthwise-as-shifts-3+attention-as-matmuls-1"
-         "+global-pool-as-mean-1+linear-as-2d-2+int-floor-division-1")
+         "+global-pool-as-mean-1+linear-as-2d-2+int-floor-division-1+variance-two-pass-1")
 _REWRITES = (conv_as_matmul, depthwise_as_shifts, attention_as_matmuls, global_pool_as_mean,
-             linear_as_2d, floor_division_exact)
+             linear_as_2d, floor_division_exact, variance_two_pass)
 # the forms that also take sizes following a dynamic dimension (``dynamic_shapes``)
 _SYMBOLIC = (linear_as_2d, floor_division_exact)
 
