@@ -30,7 +30,8 @@ from ..progress import step
 from .targets import Target
 
 __all__ = ["Cost", "CostCache", "measure_nodes", "measure_decomposed", "start_prefetch",
-           "Prefetch", "MIN_FLOPS", "CROSSING_MS", "HANDOFF_MS", "handoff_ms"]
+           "Prefetch", "MIN_FLOPS", "CROSSING_MS", "HANDOFF_MS", "handoff_ms", "Floor",
+           "compiled_floor"]
 log = logging.getLogger(__name__)
 
 MIN_FLOPS = 2_000_000       # below this an op is too small to be worth measuring or moving
@@ -70,6 +71,32 @@ def handoff_ms(target: Target) -> float:
     """What a heavy kernel call between compiled dispatches costs beyond its crossings
     on ``target``: ``HANDOFF_MS`` on IREE's CPU task workers, else 0 (not measured)."""
     return HANDOFF_MS if target.driver == "local-task" else 0.0
+
+
+@dataclass(frozen=True)
+class Floor:
+    """What the heavy ops measured alone (``measure_nodes``) take, summed over a
+    program's heavy nodes: ``compiled_ms``, the least any plan that compiles the
+    program can spend on them (each op IREE's code, or ATen's kernel plus its hand-off
+    where that is less); ``aten_ms``, ATen's kernels alone; ``ops``, how many."""
+    compiled_ms: float
+    aten_ms: float
+    ops: int
+
+
+def compiled_floor(nodes: list[torch.fx.Node], target: Target, cache: CostCache) -> Floor | None:
+    """The ``Floor`` of ``nodes`` (the heavy ones) from their cached costs, or None where
+    none has one. A node without a measured cost adds nothing: the floor stays a floor."""
+    handoff, compiled, aten, ops = handoff_ms(target), 0.0, 0.0, 0
+    for n in nodes:
+        c = cache.get(op_signature(n))
+        if c is None or c.aten_ms is None:
+            continue
+        called = c.aten_ms + CROSSING_MS + handoff
+        compiled += called if c.iree_ms is None else min(c.iree_ms, called)
+        aten += c.aten_ms
+        ops += 1
+    return Floor(compiled, aten, ops) if ops else None
 
 
 # how the reason of a placement decided by measurement begins

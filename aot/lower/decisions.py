@@ -207,6 +207,11 @@ def _heavy(n: torch.fx.Node) -> bool:
     return isinstance(n.target, torch._ops.OpOverload) and (node_flops(n) or 0) >= MIN_FLOPS
 
 
+def heavy_nodes(ep) -> list[torch.fx.Node]:
+    """The ops of ``ep`` whose placement is decided by measuring them (``MIN_FLOPS``)."""
+    return [n for n in op_nodes(ep) if _heavy(n)]
+
+
 def _prefetch_costs(ep, target: Target, policy: PlacementPolicy, cache: CoverageCache):
     """Start compiling the IREE side of the heavy ATen ops' cost measurements while
     coverage is probed (``cost.Prefetch``), which then stands for their probe; ops a

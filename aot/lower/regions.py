@@ -125,7 +125,7 @@ from ..fallback.layout import has_conv, layout_safe
 from ..importer.dynamic import resized
 from ..importer.program import ImportedProgram
 from ..progress import step
-from .cost import MIN_FLOPS, machine_key
+from .cost import MIN_FLOPS, Floor, machine_key
 from .flops import node_flops
 from ..errors import UnsupportedOp
 from .placement import KERNEL_CALL, Placement, PlacementPolicy
@@ -255,6 +255,57 @@ def choose_region(per_op: CompiledArtifact, imported: ImportedProgram, target: T
                                       reason=why).to_json()
                   for pl in cands[best].manifest["placements"]]
     return _with_region(cands[best], region, placements, policy)
+
+
+FLOOR_MARGIN = 1.25  # the fastest ATen region under 1/this of the compiled floor: not compiled
+
+
+def aten_far_ahead(imported: ImportedProgram, target: Target, policy: PlacementPolicy,
+                   example, floor: Floor, aten: dict[str, CompiledArtifact]
+                   ) -> CompiledArtifact | None:
+    """The fastest whole-ATen-region candidate, where it runs the whole program in under
+    ``1 / FLOOR_MARGIN`` of what any compiled plan spends on its heavy ops alone
+    (``cost.compiled_floor``): then no IREE program is compiled, since none can win. Else
+    None (and the per-op program is compiled and measured as before).
+
+    Only tried where the floor is over ATen's own kernels alone (``floor.aten_ms``), so a
+    program IREE may win does not pay for this timing. A decision is cached as
+    ``choose_region``'s are, under its own key; a reused one still has to beat the floor.
+    """
+    if not aten or floor.compiled_ms <= floor.aten_ms:
+        return None
+    key = program_key(imported, target, aten) + "-floor"
+    region = _cached(key, aten, target)
+    if region is None:
+        step("timing %d ATen-region candidates (%s) against the compiled floor of %.2f ms",
+             len(aten), ", ".join(aten), floor.compiled_ms)
+        t0 = time.perf_counter()
+        stats = _time_candidates(aten, example, target)
+        if not stats:
+            return None
+        region = _decide(stats)
+        region["measure_seconds"] = round(time.perf_counter() - t0, 2)
+        region["cached"] = not region.pop("noisy")
+    best = region["chosen"]
+    ms = region["candidates_ms"][best]
+    if ms * FLOOR_MARGIN >= floor.compiled_ms:
+        log.info("%s: the ATen region (%s, %.3f ms) is not far enough ahead of the compiled "
+                 "floor (%.3f ms): compiling", imported.name, best, ms, floor.compiled_ms)
+        return None
+    region["compiled_floor_ms"] = round(floor.compiled_ms, 4)
+    if region.get("cached") and region.get("source") == "measured":
+        _store(key, region, target)
+    region["key"] = key
+    why = (f"one ATen region ({best}): {ms:.3f} ms end to end, while every plan that compiles "
+           f"this program spends at least {floor.compiled_ms:.3f} ms on its {floor.ops} heavy ops "
+           "alone (each measured alone in IREE and in ATen, with a kernel call's hand-off), "
+           f"over {FLOOR_MARGIN}x that: no IREE program was compiled")
+    region["why"] = why + "; " + region.get("why", "")
+    log.info("region placement: %s", region)
+    placements = [dataclasses.replace(Placement.from_json(pl), where=KERNEL_CALL,
+                                      reason=why).to_json()
+                  for pl in aten[best].manifest["placements"]]
+    return _with_region(aten[best], region, placements, policy)
 
 
 # the fixed order near-ties are settled in: the per-op placement first, then the simpler regions

@@ -30,10 +30,12 @@ class Block(torch.nn.Module):
 def _aten_always_wins(monkeypatch, tmp_path):
     """Every measured op measures faster in ATen (the per-op placement demotes both
     convolutions), with fresh caches, and a kernel call priced at its crossings alone (as
-    on drivers without a measured hand-off: the variant's condition)."""
+    on drivers without a measured hand-off: the variant's condition); the IREE programs
+    compiled and measured whatever their measured floor (``regions.aten_far_ahead``)."""
     monkeypatch.setenv("AOT_CACHE_DIR", str(tmp_path))
     monkeypatch.setattr(Cost, "aten_wins", property(lambda self: True))
     monkeypatch.setattr(cost, "HANDOFF_MS", 0.0)
+    monkeypatch.setattr("aot.lower.regions.FLOOR_MARGIN", float("inf"))
 
 
 def test_few_measured_kernel_calls_get_an_all_compiled_candidate(monkeypatch, tmp_path):
@@ -64,10 +66,12 @@ def test_not_for_many_measured_calls_nor_unsupported_ops(monkeypatch, tmp_path):
 
 
 def _measured_calls_save(ms, monkeypatch, tmp_path):
-    """Both convolutions measure faster in ATen, each saving ``ms`` (crossings paid)."""
+    """Both convolutions measure faster in ATen, each saving ``ms`` (crossings paid); the
+    IREE program compiled whatever its measured floor."""
     monkeypatch.setenv("AOT_CACHE_DIR", str(tmp_path))
     monkeypatch.setattr(Cost, "aten_wins", property(lambda self: True))
     monkeypatch.setattr(Cost, "saving_ms", property(lambda self: ms))
+    monkeypatch.setattr("aot.lower.regions.FLOOR_MARGIN", float("inf"))
 
 
 def _program_compiles(monkeypatch) -> list:

@@ -38,7 +38,14 @@ def convnet():
     return m, torch.randn(2, 16, 32, 32)
 
 
-def test_default_compile_measures_regions_and_keeps_the_fastest(convnet):
+@pytest.fixture
+def no_floor(monkeypatch):
+    """IREE's program compiled and measured even where its measured floor says it cannot
+    win (``regions.aten_far_ahead`` off): the tests using it are about that measurement."""
+    monkeypatch.setattr("aot.lower.regions.FLOOR_MARGIN", float("inf"))
+
+
+def test_default_compile_measures_regions_and_keeps_the_fastest(convnet, no_floor):
     m, x = convnet
     cm = aot.compile(m, (x,))
     region = cm.manifest["region"]
@@ -111,7 +118,7 @@ def test_per_op_placement_runs_on_the_local_sync_driver_too(convnet):
 
 
 def test_heavy_kernel_calls_between_compiled_ops_are_also_timed_on_one_thread(
-        monkeypatch, tmp_path):
+        monkeypatch, tmp_path, no_floor):
     """The ``iree-one-thread`` candidate: the per-op artifact with every kernel call,
     heavy ones too, on the calling thread alone; measured beside the others, and as
     right as they are."""
@@ -206,3 +213,90 @@ def test_the_example_decides_and_the_range_end_settles_near_ties():
     region = _decide(ex)
     _settle_at_range_end(region, ex, stats(iree=30.5, aten=30.0))
     assert region["chosen"] == "iree"
+
+
+def _counting_compiles(monkeypatch) -> list:
+    """The IREE compiles of programs with compiled ops from now on (not of probes or
+    cost modules, nor an ATen region's module of kernel calls alone)."""
+    from aot.lower import compile as compile_mod
+    runs, real = [], compile_mod.try_compile
+
+    def counted(asm, *a, **k):
+        if b"aten." in (asm if isinstance(asm, bytes) else asm.encode()):
+            runs.append(1)
+        return real(asm, *a, **k)
+    monkeypatch.setattr(compile_mod, "try_compile", counted)
+    return runs
+
+
+def test_an_aten_region_far_ahead_of_every_compiled_plan_is_chosen_without_compiling_one(
+        monkeypatch, tmp_path):
+    """Where the heavy ops' measured floor (the least any compiled plan spends on them) is
+    over ``FLOOR_MARGIN`` times the fastest ATen region, that region is the artifact and
+    no IREE program is compiled; the report says why, with both numbers; a second
+    compile reuses the decision."""
+    from aot.lower import compile as compile_mod
+    from aot.lower.cost import Floor
+    monkeypatch.setenv("AOT_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(compile_mod, "compiled_floor", lambda *a: Floor(1000.0, 1.0, 3))
+    runs = _counting_compiles(monkeypatch)
+    torch.manual_seed(0)
+    m, x = ConvNet().eval(), torch.randn(2, 16, 32, 32)
+    cm = aot.compile(m, (x,))
+    region = cm.manifest["region"]
+    assert runs == []
+    assert region["chosen"] in ("aten", "aten-prepacked", "aten-channels-last")
+    assert set(region["candidates_ms"]) <= {"aten", "aten-prepacked", "aten-channels-last"}
+    assert region["compiled_floor_ms"] == 1000.0
+    assert region["candidates_ms"][region["chosen"]] * 1.25 < 1000.0
+    assert {p["where"] for p in cm.manifest["placements"]} == {"kernel_call"}
+    assert "no IREE program was compiled" in cm.report()
+    assert "1000.000 ms on its 3 heavy ops" in cm.report()
+    with torch.no_grad():  # batch norm folded into the convolution: float rounding only
+        torch.testing.assert_close(cm(x), m(x), rtol=1e-4, atol=1e-4)
+    again = aot.compile(m, (x,)).manifest["region"]
+    assert again["chosen"] == region["chosen"] and again["source"].startswith("reused")
+    assert runs == []
+
+
+def test_a_compiled_floor_near_the_aten_region_still_compiles_and_measures_iree(
+        monkeypatch, tmp_path):
+    """A floor within ``FLOOR_MARGIN`` of the fastest ATen region (here: under it) decides
+    nothing: the per-op program is compiled and measured against the regions."""
+    from aot.lower import compile as compile_mod
+    from aot.lower.cost import Floor
+    monkeypatch.setenv("AOT_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(compile_mod, "compiled_floor", lambda *a: Floor(1e-4, 0.0, 3))
+    runs = _counting_compiles(monkeypatch)
+    torch.manual_seed(0)
+    m, x = ConvNet().eval(), torch.randn(2, 16, 32, 32)
+    region = aot.compile(m, (x,)).manifest["region"]
+    assert runs and "iree" in region["candidates_ms"] and "compiled_floor_ms" not in region
+
+
+def test_the_compiled_floor_is_each_heavy_op_at_the_cheaper_of_iree_and_a_kernel_call(
+        monkeypatch, tmp_path):
+    """``cost.compiled_floor``: per heavy op with a measured cost, IREE's time or ATen's
+    plus the crossings and the hand-off, whichever is less; ops without one add nothing."""
+    from aot.lower.cost import CROSSING_MS, Cost, CostCache, compiled_floor, handoff_ms
+    from aot.lower.coverage import op_signature
+    from aot.lower.decisions import heavy_nodes
+    from aot.lower.targets import get_target
+    monkeypatch.setenv("AOT_CACHE_DIR", str(tmp_path))
+    torch.manual_seed(0)
+    m, x = ConvNet().eval(), torch.randn(2, 16, 32, 32)
+    ep = torch.export.export(m, (x,)).run_decompositions({})
+    nodes = heavy_nodes(ep)
+    assert len(nodes) == 2  # the two convolutions (the linear is under MIN_FLOPS)
+    target = get_target("cpu")
+    cache = CostCache(target)
+    assert compiled_floor(nodes, target, cache) is None  # nothing measured yet
+    call = CROSSING_MS + handoff_ms(target)
+    cache.put(op_signature(nodes[0]), Cost(1.0, 5.0))  # ATen's kernel, handed off
+    assert compiled_floor(nodes, target, cache).compiled_ms == pytest.approx(1.0 + call)
+    cache.put(op_signature(nodes[1]), Cost(4.0, 2.0))  # IREE's code
+    floor = compiled_floor(nodes, target, cache)
+    assert floor.ops == 2 and floor.aten_ms == 5.0
+    assert floor.compiled_ms == pytest.approx(1.0 + call + 2.0)
+    cache.put(op_signature(nodes[1]), Cost(1.0, None))  # IREE could not be measured
+    assert compiled_floor(nodes, target, cache).compiled_ms == pytest.approx(2 * (1.0 + call))
