@@ -19,7 +19,7 @@ import torch
 
 from ..importer.dynamic import is_symbolic_value
 from .attention_rewrites import attention_as_matmuls
-from .conv_rewrites import conv_as_matmul, depthwise_as_shifts
+from .conv_rewrites import conv_as_matmul, depthwise_as_nhwc, depthwise_as_shifts
 from .linear_rewrites import linear_as_2d
 from .int_division import floor_division_exact
 from .pool_rewrites import global_pool_as_mean
@@ -29,7 +29,7 @@ __all__ = ["FORMS", "emit"]
 
 # names the compiled forms; part of the cost cache's key (``cost``), so a measurement
 # of an op's older form is not reused
-FORMS = ("conv-as-matmul-4+depthwise-as-shifts-3+attention-as-matmuls-1"
+FORMS = ("conv-as-matmul-4+depthwise-nhwc-1+depthwise-as-shifts-3+attention-as-matmuls-1"
          "+global-pool-as-mean-1+linear-as-2d-2+int-floor-division-1+variance-two-pass-1")
 _REWRITES = (conv_as_matmul, depthwise_as_shifts, attention_as_matmuls, global_pool_as_mean,
              linear_as_2d, floor_division_exact, variance_two_pass)
@@ -37,12 +37,18 @@ _REWRITES = (conv_as_matmul, depthwise_as_shifts, attention_as_matmuls, global_p
 _SYMBOLIC = (linear_as_2d, floor_division_exact)
 
 
-def emit(node: torch.fx.Node, g: torch.fx.Graph, env: dict) -> torch.fx.Node | None:
+def emit(node: torch.fx.Node, g: torch.fx.Graph, env: dict, named: bool = False
+         ) -> torch.fx.Node | None:
     """Emit ``node``'s compiled form into ``g`` (operands through ``env``) and return
-    its result node; None when ``node`` compiles as it is (the caller copies it)."""
+    its result node; None when ``node`` compiles as it is (the caller copies it).
+    ``named``: the target takes ``linalg_kernels`` ops (``named_kernels``)."""
     if node.op != "call_function":
         return None
     symbolic = _follows_symbols(node)
+    if named and not symbolic:
+        new = depthwise_as_nhwc(node, g, env)
+        if new is not None:
+            return new
     for rewrite in _REWRITES:
         if symbolic and rewrite not in _SYMBOLIC:
             continue  # it reads static sizes: a dynamic dimension keeps the op as written

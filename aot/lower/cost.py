@@ -183,10 +183,11 @@ def _compile_all(graphs: list[torch.fx.Graph], target: Target) -> bytes | None:
 
 def _module_text(graphs: list[torch.fx.Graph]) -> str:
     from ..importer.fx_import import import_graph
+    from .linalg_kernels import expand
     module = None
     for i, g in enumerate(graphs):
         module = import_graph(g, func_name=f"op{i}", module=module)
-    return str(module)
+    return str(expand(module))
 
 
 class Prefetch:
@@ -268,7 +269,7 @@ def start_prefetch(nodes: list[torch.fx.Node], target: Target, cache: CostCache)
         if sig in todo or cache.get(sig) is not None:
             continue
         try:
-            todo[sig] = _compiled_form(_probe_graph(n))
+            todo[sig] = _compiled_form(_probe_graph(n), target)
         except Exception as e:  # measured (or not) as before, after probing
             log.info("no prefetch for %s: %s", sig, e)
     return Prefetch(todo, target) if todo else None
@@ -348,14 +349,16 @@ def _aten_ms(node: torch.fx.Node, device: str) -> float:
         return _median_ms(aten)
 
 
-def _compiled_form(graph: torch.fx.Graph) -> torch.fx.Graph:
-    """The one-op graph as the partitioner compiles it (``compiled_forms``: a
-    convolution IREE runs badly becomes a matmul or shifted multiply-adds, attention
-    two matmuls, a global pool a mean): what IREE's side of the comparison runs."""
+def _compiled_form(graph: torch.fx.Graph, target: Target) -> torch.fx.Graph:
+    """The one-op graph as the partitioner compiles it for ``target`` (``compiled_forms``:
+    a convolution IREE runs badly becomes a matmul, shifted multiply-adds or a named
+    channels-last one, attention two matmuls, a global pool a mean): what IREE's side of
+    the comparison runs."""
     from .compiled_forms import emit
-    g, env = torch.fx.Graph(), {}
+    from .linalg_kernels import named_kernels
+    g, env, named = torch.fx.Graph(), {}, named_kernels(target)
     for n in graph.nodes:
-        new = emit(n, g, env)
+        new = emit(n, g, env, named)
         env[n] = new if new is not None else g.node_copy(n, lambda a: env[a])
     return g
 
@@ -390,7 +393,7 @@ def measure_nodes(nodes: list[torch.fx.Node], target: Target, cache: CostCache,
         try:
             aten[sig] = _aten_ms(n, device)
             if sig not in ready:
-                graphs[sig] = _compiled_form(_probe_graph(n))
+                graphs[sig] = _compiled_form(_probe_graph(n), target)
         except Exception as e:  # measuring is best effort: keep the op compiled
             log.info("could not measure %s: %s", sig, e)
     iree = {}

@@ -34,7 +34,8 @@ from .placement import COMPILED, KERNEL_CALL, op_name
 __all__ = ["HostConstants", "quantized_boundary", "rewrite_graph"]
 
 
-def rewrite_graph(ep, decided: dict, sizes: frozenset, grouping: Grouping):
+def rewrite_graph(ep, decided: dict, sizes: frozenset, grouping: Grouping,
+                  named: bool = False):
     """The stateless graph of ``ep`` with its kernel calls as ``aot_kc`` placeholder calls.
 
     Args:
@@ -42,6 +43,7 @@ def rewrite_graph(ep, decided: dict, sizes: frozenset, grouping: Grouping):
         decided: op node -> ``(where, why)``, from ``decisions``.
         sizes: size nodes kernel calls record: dropped.
         grouping: from ``grouping``; filled in as groups are emitted.
+        named: compiled forms may call ``linalg_kernels`` ops (``named_kernels``).
     Returns:
         The new graph, the KernelCallSpecs in site order, op node name -> kernel
         call key, and the host-held constants the calls read.
@@ -52,12 +54,12 @@ def rewrite_graph(ep, decided: dict, sizes: frozenset, grouping: Grouping):
     node_keys: dict[str, str] = {}
     consts = HostConstants()
     graph = stateless_graph(ep, lambda n, g, env: DROP if n in sizes else _rewrite(
-        n, g, env, decided, specs, grouping, node_keys, consts))
+        n, g, env, decided, specs, grouping, node_keys, consts, named))
     return graph, specs, node_keys, consts
 
 
 def _rewrite(node, g: torch.fx.Graph, env: dict, decided: dict, specs: list,
-             grouping: Grouping, node_keys: dict, consts: HostConstants):
+             grouping: Grouping, node_keys: dict, consts: HostConstants, named: bool = False):
     if node.op == "call_function" and is_assert(node):
         return DROP  # checked by the runtime's input specs instead
     if node.target is operator.getitem and node.args[0] in grouping.values:
@@ -74,7 +76,7 @@ def _rewrite(node, g: torch.fx.Graph, env: dict, decided: dict, specs: list,
     where, reason = decided.get(node, (COMPILED, ""))
     if where != KERNEL_CALL:
         # None: copied as it is
-        return compiled_forms.emit(node, g, env)
+        return compiled_forms.emit(node, g, env, named)
     spec, operands, scalars, _ = _kernel_call_spec(node, env, f"call_{len(specs)}", reason, consts)
     ins = "t" * len(spec.crossing) + "".join(spec.scalar_inputs)
     new = g.call_function(kernel_call_op(ins, spec.out_kinds),

@@ -26,6 +26,7 @@ from .coverage import CoverageCache
 from .decisions import decide, op_nodes
 from .grouping import Grouping
 from .kernel_calls import rewrite_graph
+from .linalg_kernels import expand, named_kernels
 from .outline import outline_kernel_calls
 from .placement import KERNEL_CALL, Placement, PlacementPolicy
 from .targets import Target
@@ -112,9 +113,10 @@ def partition(imported: ImportedProgram, target: Target,
     ep, decided, sizes = decisions.program, decisions.decided, decisions.sizes
     grouping = (Grouping.find(ep, decided, sizes) if policy.group
                 else Grouping({}, {}, frozenset(sizes)))
-    graph, specs, node_keys, consts = rewrite_graph(ep, decided, sizes, grouping)
+    graph, specs, node_keys, consts = rewrite_graph(ep, decided, sizes, grouping,
+                                                    named_kernels(target))
     whole = single_call(graph)
-    module = outline_kernel_calls(import_graph(graph), specs)
+    module = expand(outline_kernel_calls(import_graph(graph), specs))
     on_cpu = set()
     if target.name == "cuda":
         on_cpu = {s.key for s in specs if lacks_cuda_kernel(s)}

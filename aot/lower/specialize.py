@@ -38,6 +38,7 @@ import time
 
 from ..artifact import CompiledArtifact
 from ..importer.fx_import import import_graphs
+from .linalg_kernels import expand
 from ..importer.program import ImportedProgram
 from .placement import PlacementPolicy
 from .targets import Target
@@ -92,4 +93,4 @@ def combine(dynamic, static) -> str:
     """One module with two entry functions: ``main``, the dynamic program, and
     ``main_at_example``, the static one (``dynamic``/``static``: PartitionedPrograms of
     the same model, no kernel calls); a weight is one constant, read by both."""
-    return str(import_graphs({"main": dynamic.graph, AT_EXAMPLE: static.graph}))
+    return str(expand(import_graphs({"main": dynamic.graph, AT_EXAMPLE: static.graph})))

@@ -102,13 +102,76 @@ def test_grouped_and_dilated_kxk_convs_keep_their_form():
         assert "torch.aten.conv2d" in p.mlir and "torch.aten.matmul" not in p.mlir
 
 
+@pytest.fixture
+def shifts(monkeypatch):
+    """Depthwise convolutions as the targets without named kernels compile them
+    (``linalg_kernels.named_kernels`` false: CUDA, StableHLO): shifted multiply-adds."""
+    monkeypatch.setattr("aot.lower.partition.named_kernels", lambda target: False)
+    monkeypatch.setattr("aot.lower.linalg_kernels.named_kernels", lambda target: False)
+
+
+@pytest.mark.parametrize("k,stride,pad,bias,hw", [
+    (3, 2, 1, False, (11, 10)), (5, 1, 2, True, (10, 10)), ((3, 1), (2, 1), (1, 0), True, (7, 9)),
+    (5, 2, 2, True, (13, 12)), (3, 3, 0, False, (10, 11)), (3, 2, 0, True, (9, 9)),
+    (7, 1, 3, True, (9, 10)), ((1, 5), 2, (0, 2), False, (6, 9)), (9, 2, 4, True, (20, 17)),
+])
+def test_depthwise_conv_as_named_channels_last_conv_gives_eagers_values(k, stride, pad, bias, hw):
+    """On the CPU a strided or larger than 3x3 depthwise convolution is IREE's named
+    channels-last one between permutations, behind optimisation barriers."""
+    torch.manual_seed(0)
+    m = torch.nn.Conv2d(6, 6, k, stride=stride, padding=pad, groups=6, bias=bias).eval()
+    x = torch.randn(2, 6, *hw)
+    p = partition(import_model(m, (x,)), get_target("cpu"), PlacementPolicy("auto", (), "coverage"))
+    assert "torch.aten.conv2d" not in p.mlir and "aot_cc" in p.mlir
+    assert p.mlir.count("linalg.depthwise_conv_2d_nhwc_hwc") == 1
+    assert p.mlir.count("util.optimization_barrier") == 3
+    cm = aot.compile(m, (x,), placement="coverage")
+    assert {pl["where"] for pl in cm.manifest["placements"]} == {"compiled"}
+    with torch.no_grad():
+        torch.testing.assert_close(cm(x), m(x), rtol=1e-5, atol=1e-5)
+
+
+def test_unstrided_3x3_and_half_precision_depthwise_convs_stay_shifted():
+    for conv, x in ((torch.nn.Conv2d(6, 6, 3, padding=1, groups=6), torch.randn(1, 6, 9, 9)),
+                    (torch.nn.Conv2d(6, 6, 5, 2, 2, groups=6).half(),
+                     torch.randn(1, 6, 9, 9).half())):
+        p = partition(import_model(conv.eval(), (x,)), get_target("cpu"),
+                      PlacementPolicy("auto", (), "coverage"))
+        assert "aot_cc" not in p.mlir and "torch.aten.mul.Tensor" in p.mlir
+
+
+def test_named_kernels_are_for_the_cpu_from_the_torch_dialect_only():
+    import dataclasses
+
+    from aot.lower.linalg_kernels import named_kernels
+    cpu = get_target("cpu")
+    assert named_kernels(cpu)
+    assert not named_kernels(dataclasses.replace(cpu, via="stablehlo"))
+    assert not named_kernels(get_target("cuda"))
+
+
+def test_two_depthwise_convs_of_one_signature_share_one_kernel_function():
+    torch.manual_seed(0)
+    m = torch.nn.Sequential(torch.nn.Conv2d(6, 6, 5, padding=2, groups=6), torch.nn.ReLU(),
+                            torch.nn.Conv2d(6, 6, 5, padding=2, groups=6),
+                            torch.nn.Conv2d(6, 6, 3, 2, 1, groups=6)).eval()
+    x = torch.randn(1, 6, 12, 12)
+    p = partition(import_model(m, (x,)), get_target("cpu"), PlacementPolicy("auto", (), "coverage"))
+    assert p.mlir.count("linalg.depthwise_conv_2d_nhwc_hwc") == 2
+    assert p.mlir.count("call @aot_cc.depthwise_nhwc_") == 3
+    cm = aot.compile(m, (x,), placement="coverage")
+    with torch.no_grad():
+        torch.testing.assert_close(cm(x), m(x), rtol=1e-5, atol=1e-5)
+
+
 @pytest.mark.parametrize("k,stride,pad,bias,hw", [
     (3, 1, 1, True, (9, 8)), (3, 2, 1, False, (11, 10)), (5, 1, 2, True, (10, 10)),
     ((3, 1), (2, 1), (1, 0), True, (7, 9)), (3, 1, 0, True, (6, 6)),
     (5, 2, 2, True, (13, 12)), (3, 3, 0, False, (10, 11)), (3, 2, 0, True, (9, 9)),
     (7, 1, 3, True, (9, 10)),
 ])
-def test_depthwise_conv_as_shifted_multiply_adds_gives_eagers_values(k, stride, pad, bias, hw):
+def test_depthwise_conv_as_shifted_multiply_adds_gives_eagers_values(k, stride, pad, bias, hw,
+                                                                   shifts):
     torch.manual_seed(0)
     m = torch.nn.Conv2d(6, 6, k, stride=stride, padding=pad, groups=6, bias=bias).eval()
     x = torch.randn(2, 6, *hw)
@@ -125,7 +188,8 @@ def test_depthwise_conv_as_shifted_multiply_adds_gives_eagers_values(k, stride, 
     (torch.nn.Hardswish, (3, 5), (2, 3), (1, 2), (9, 14)), (torch.nn.SiLU, 3, 2, 1, (11, 10)),
     (torch.nn.SiLU, 3, 3, 0, (10, 11)), (torch.nn.ReLU6, 3, 3, 0, (10, 11)),
 ])
-def test_strided_depthwise_conv_after_an_activation_gives_eagers_values(act, k, stride, pad, hw):
+def test_strided_depthwise_conv_after_an_activation_gives_eagers_values(act, k, stride, pad, hw,
+                                                                     shifts):
     # the stride phases are split before the padding after a cheap activation (ReLU6,
     # hardswish: IREE may fuse it into the split), after it otherwise (SiLU)
     torch.manual_seed(0)
@@ -139,7 +203,7 @@ def test_strided_depthwise_conv_after_an_activation_gives_eagers_values(act, k, 
         torch.testing.assert_close(cm(x), m(x), rtol=1e-5, atol=1e-5)
 
 
-def test_strided_depthwise_taps_read_unit_stride_windows_of_the_phases():
+def test_strided_depthwise_taps_read_unit_stride_windows_of_the_phases(shifts):
     # a strided tap reads one stride phase of the padded input, not a strided slice
     conv = torch.nn.Conv2d(6, 6, 5, 2, 2, groups=6).eval()
     p = partition(import_model(conv, (torch.randn(1, 6, 9, 9),)), get_target("cpu"),
@@ -150,7 +214,7 @@ def test_strided_depthwise_taps_read_unit_stride_windows_of_the_phases():
                       for s in steps} == {"1"}
 
 
-def test_depthwise_convs_with_a_channel_multiplier_or_large_kernel_keep_their_form():
+def test_depthwise_convs_with_a_channel_multiplier_or_large_kernel_keep_their_form(shifts):
     # a 7x7 kernel is shifted only for an output of at most 2.5 MiB (here 3.7 MiB)
     for conv, shape in ((torch.nn.Conv2d(4, 8, 3, padding=1, groups=4), (1, 4, 9, 9)),
                         (torch.nn.Conv2d(64, 64, 7, padding=3, groups=64), (1, 64, 120, 120)),
@@ -160,28 +224,31 @@ def test_depthwise_convs_with_a_channel_multiplier_or_large_kernel_keep_their_fo
         assert "torch.aten.conv2d" in p.mlir
 
 
-def test_emitted_nodes_carry_fake_values_of_the_programs_mode():
+@pytest.mark.parametrize("named", [False, True])
+def test_emitted_nodes_carry_fake_values_of_the_programs_mode(named):
     """The rewrites work out values on meta tensors (``rewrite_nodes.shadow``); every node
     they emit still carries a fake tensor of the exported program's mode, with the
     sizes the op has."""
     from torch._subclasses.fake_tensor import FakeTensor
 
     from aot.lower.compiled_forms import emit
+    from aot.lower.linalg_kernels import depthwise_nhwc
     m = torch.nn.Sequential(torch.nn.Conv2d(8, 8, 3, stride=2, padding=1, groups=8),
                             torch.nn.Conv2d(8, 4, 3, padding=1)).eval()
     ep = torch.export.export(m, (torch.randn(1, 8, 9, 9),))
     g, env = torch.fx.Graph(), {}
     convs = 0
     for n in ep.graph.nodes:
-        new = emit(n, g, env)
+        new = emit(n, g, env, named)
         convs += new is not None
         env[n] = new if new is not None else g.node_copy(n, lambda a: env[a])
         if new is not None:
             assert new.meta["val"] is n.meta["val"]
     assert convs == 2
+    assert any(n.target is depthwise_nhwc for n in g.nodes) == named
     mode = next(n.meta["val"] for n in ep.graph.nodes if n.op == "placeholder").fake_mode
     emitted = [n for n in g.nodes if n.op == "call_function"]
-    assert len(emitted) > 20
+    assert len(emitted) > (8 if named else 20)
     for n in emitted:
         val = n.meta["val"]
         assert isinstance(val, FakeTensor) and val.fake_mode is mode and val.device.type == "cpu"

@@ -1,0 +1,130 @@
+"""Compiled ops written as one linalg op, for the forms Torch ops cannot spell.
+
+A depthwise convolution runs well in IREE 3.13 only as the named
+``linalg.depthwise_conv_2d_nhwc_hwc`` on channels-last operands (its CPU pipeline
+decomposes it to 1-D convolutions vectorised along the channels); torch-mlir emits the
+NCHW one, which runs 2-11x slower (``conv_rewrites``). So the compiled form
+(``conv_rewrites.depthwise_as_nhwc``) permutes the input and the weight to channels-last
+in Torch ops and calls ``aot_cc::depthwise_nhwc``, an op with no Torch lowering; the
+importer emits it as ``torch.operator "torch.aot_cc.depthwise_nhwc"``, and ``expand``
+turns each into a call of a private function holding the named op (IREE inlines it).
+An ``util.optimization_barrier`` on its operands and result keeps IREE from folding the
+permutations into the convolution: folded, it becomes a generic convolution that runs
+at the NCHW form's speed (144 channels at 14x14, 5x5, ms: 0.85 folded, 0.32 kept).
+
+Like the kernel-call placeholders (``kernel_call_op``), the op exists only between
+partitioning and ``expand``; its eager kernel (ATen's convolution) is for shape
+inference and tests.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .._mlir import ir
+from ..errors import InternalError
+
+__all__ = ["NAMESPACE", "depthwise_nhwc", "expand", "named_kernels"]
+
+NAMESPACE = "aot_cc"
+_lib = torch.library.Library(NAMESPACE, "FRAGMENT")
+_lib.define("depthwise_nhwc(Tensor x, Tensor w, int sh, int sw) -> Tensor")
+
+
+def _depthwise_nhwc(x: torch.Tensor, w: torch.Tensor, sh: int, sw: int) -> torch.Tensor:
+    """``x`` ``[n, h, w, c]`` (padded already), ``w`` ``[kh, kw, c]``: the depthwise
+    convolution's ``[n, ho, wo, c]`` (ATen's kernel, through NCHW)."""
+    c = x.shape[3]
+    y = torch.nn.functional.conv2d(x.permute(0, 3, 1, 2), w.permute(2, 0, 1).unsqueeze(1),
+                                   None, (sh, sw), 0, 1, c)
+    return y.permute(0, 2, 3, 1).contiguous()
+
+
+_lib.impl("depthwise_nhwc", _depthwise_nhwc, "CompositeExplicitAutograd")
+depthwise_nhwc = torch.ops.aot_cc.depthwise_nhwc.default
+
+def named_kernels(target) -> bool:
+    """Whether the compiled forms for ``target`` may call these ops: IREE's CPU backend
+    from the Torch dialect (torch-mlir's StableHLO path cannot carry them; on CUDA they
+    are not measured)."""
+    return target.backend == "llvm-cpu" and target.via == "torch"
+
+
+_ELEMENT = {"f32": "f32"}  # operand element types the named op is emitted for
+
+
+def _ints(value) -> int:
+    """The integer a ``torch.constant.int`` operand holds."""
+    op = value.owner
+    if op.name != "torch.constant.int":
+        raise InternalError(f"{NAMESPACE}.depthwise_nhwc: a stride that is not a constant")
+    return ir.IntegerAttr(op.attributes["value"]).value
+
+
+def _builtin(vtensor: str) -> str:
+    """``tensor<1x18x18x144xf32>`` for ``!torch.vtensor<[1,18,18,144],f32>``."""
+    inner = vtensor.removeprefix("!torch.vtensor<[").removesuffix(">")
+    dims, elem = inner.split("],")
+    if elem not in _ELEMENT or "?" in dims or "-1" in dims:
+        raise InternalError(f"{NAMESPACE}.depthwise_nhwc on {vtensor}: not emitted for it")
+    return f"tensor<{'x'.join(dims.split(','))}x{_ELEMENT[elem]}>"
+
+
+def _function(name: str, x: str, w: str, y: str, sh: int, sw: int) -> str:
+    elem = y.rsplit("x", 1)[1].removesuffix(">")
+    return f"""func.func private @{name}(%x: {x}, %w: {w}) -> {y} {{
+  %xb = util.optimization_barrier %x : {x}
+  %wb = util.optimization_barrier %w : {w}
+  %zero = arith.constant 0.0 : {elem}
+  %empty = tensor.empty() : {y}
+  %init = linalg.fill ins(%zero : {elem}) outs(%empty : {y}) -> {y}
+  %r = linalg.depthwise_conv_2d_nhwc_hwc {{dilations = dense<1> : tensor<2xi64>,
+      strides = dense<[{sh}, {sw}]> : tensor<2xi64>}}
+      ins(%xb, %wb : {x}, {w}) outs(%init : {y}) -> {y}
+  %rb = util.optimization_barrier %r : {y}
+  return %rb : {y}
+}}"""
+
+
+def _found(module: "ir.Module") -> list:
+    out = []
+    for func in module.body.operations:
+        for block in func.regions[0].blocks if len(func.regions) else []:
+            for op in block.operations:
+                if op.operation.name == "torch.operator" and ir.StringAttr(
+                        op.operation.attributes["name"]).value == f"torch.{NAMESPACE}.depthwise_nhwc":
+                    out.append(op.operation)
+    return out
+
+
+def expand(module: "ir.Module") -> "ir.Module":
+    """Rewrite ``module`` in place: each ``aot_cc.depthwise_nhwc`` placeholder becomes a
+    call of a private function holding the named convolution (one per signature)."""
+    ops = _found(module)
+    if not ops:
+        return module
+    made: dict[str, str] = {}
+    with module.context, ir.Location.unknown():
+        for op in ops:
+            x_t, w_t = (str(v.type) for v in list(op.operands)[:2])
+            y_t = str(op.results[0].type)
+            sh, sw = _ints(op.operands[2]), _ints(op.operands[3])
+            x, w, y = _builtin(x_t), _builtin(w_t), _builtin(y_t)
+            key = f"{x}|{w}|{y}|{sh}|{sw}"
+            if key not in made:
+                made[key] = f"{NAMESPACE}.depthwise_nhwc_{len(made)}"
+                fn = ir.Operation.parse(_function(made[key], x, w, y, sh, sw))
+                ir.InsertionPoint.at_block_begin(module.body).insert(fn)
+            with ir.InsertionPoint(op), op.location:
+                args = [ir.Operation.create("torch_c.to_builtin_tensor", operands=[v],
+                                            results=[ir.Type.parse(t)]).result
+                        for v, t in zip(list(op.operands)[:2], (x, w))]
+                call = ir.Operation.create(
+                    "func.call", operands=args, results=[ir.Type.parse(y)],
+                    attributes={"callee": ir.FlatSymbolRefAttr.get(made[key])})
+                out = ir.Operation.create("torch_c.from_builtin_tensor",
+                                          operands=[call.results[0]],
+                                          results=[op.results[0].type]).result
+                op.results[0].replace_all_uses_with(out)
+            op.erase()
+    return module
