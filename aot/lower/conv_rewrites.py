@@ -264,11 +264,17 @@ def depthwise_as_nhwc(node: torch.fx.Node, g: torch.fx.Graph, env: dict
         wn = _emit(g, aten.permute.default, (wn, [1, 2, 0]), wv, keep)
     yv = depthwise_nhwc(xv, wv, sh, sw)
     y = _emit(g, depthwise_nhwc, (cur, wn, sh, sw), yv, keep)
-    out = node.meta["val"]
     y = _emit(g, aten.permute.default, (y, [0, 3, 1, 2]), yv.permute(0, 3, 1, 2), keep)
+    return _biased(g, y, node, b, env, keep)
+
+
+def _biased(g, y, node, b, env, keep):
+    """``y`` plus the per-channel bias ``b`` (if any), as ``node``'s result."""
+    out = node.meta["val"]
     if b is not None:
-        bv = shadow(b.meta["val"]).view(1, ch, 1, 1)
-        b4 = _emit(g, aten.view.default, (env[b], [1, ch, 1, 1]), bv, keep)
+        c = int(out.shape[1])
+        bv = shadow(b.meta["val"]).view(1, c, 1, 1)
+        b4 = _emit(g, aten.view.default, (env[b], [1, c, 1, 1]), bv, keep)
         y = _emit(g, aten.add.Tensor, (y, b4), out, keep)
     y.meta = {**dict(node.meta), "val": out}
     return y
@@ -314,12 +320,7 @@ def depthwise_as_shifts(node: torch.fx.Node, g: torch.fx.Graph, env: dict
             else:
                 acc_v = acc_v + prod_v
                 acc = _emit(g, aten.add.Tensor, (acc, prod), acc_v, keep)
-    if b is not None:
-        bv = shadow(b.meta["val"]).view(1, c, 1, 1)
-        b4 = _emit(g, aten.view.default, (env[b], [1, c, 1, 1]), bv, keep)
-        acc = _emit(g, aten.add.Tensor, (acc, b4), out, keep)
-    acc.meta = {**dict(node.meta), "val": out}
-    return acc
+    return _biased(g, acc, node, b, env, keep)
 
 
 def _columns(g, cur, val, taps, stride, size, keep):
@@ -404,9 +405,4 @@ def conv_as_matmul(node: torch.fx.Node, g: torch.fx.Graph, env: dict) -> torch.f
     mm = _emit(g, aten.matmul.default, (w2, xr),
                torch.matmul(wv.reshape(co, kk), cval.reshape(n, kk, ho * wo)), keep)
     y = _emit(g, aten.view.default, (mm, [n, co, ho, wo]), out, keep)
-    if b is not None:
-        bv = shadow(b.meta["val"])
-        b4 = _emit(g, aten.view.default, (env[b], [1, co, 1, 1]), bv.view(1, co, 1, 1), keep)
-        y = _emit(g, aten.add.Tensor, (y, b4), out, keep)
-    y.meta = {**dict(node.meta), "val": out}
-    return y
+    return _biased(g, y, node, b, env, keep)

@@ -13,13 +13,23 @@ from ..importer.dynamic import is_symbolic_value, meta_at_hints
 __all__ = ["node_flops"]
 
 
+def _may_count(op: torch._ops.OpOverload) -> bool:
+    """Whether running ``op`` can reach a FLOP formula: it has one, or it decomposes into
+    other ops (``conv2d`` into ``convolution``). Elementwise ops have none: not run (for
+    EfficientNet-B0's 1521 questions a compile asks, 1 s of running ops on fake tensors)."""
+    from torch.utils.flop_counter import flop_registry
+    return op.overloadpacket in flop_registry or op.has_kernel_for_dispatch_key(
+        torch._C.DispatchKey.CompositeImplicitAutograd)
+
+
 def node_flops(node: torch.fx.Node) -> int | None:
     """FLOPs of one node from its fake tensors, or None where torch has no formula."""
     from torch.utils.flop_counter import FlopCounterMode
     vals = map_aggregate(node.args, lambda a: a.meta.get("val") if isinstance(a, torch.fx.Node) else a)
     kw = map_aggregate(node.kwargs, lambda a: a.meta.get("val") if isinstance(a, torch.fx.Node) else a)
     fake_mode = torch._guards.detect_fake_mode(vals)
-    if fake_mode is None or not isinstance(node.target, torch._ops.OpOverload):
+    if fake_mode is None or not isinstance(node.target, torch._ops.OpOverload) \
+            or not _may_count(node.target):
         return None
     try:
         if is_symbolic_value(list(torch.utils._pytree.tree_leaves((vals, kw)))):
