@@ -265,9 +265,8 @@ def aten_far_ahead(imported: ImportedProgram, target: Target, policy: PlacementP
                    ) -> CompiledArtifact | None:
     """The fastest whole-ATen-region candidate, where it runs the whole program (its lower
     quartile) in under ``1 / FLOOR_MARGIN`` of what any compiled plan spends on its heavy
-    ops alone
-    (``cost.compiled_floor``): then no IREE program is compiled, since none can win. Else
-    None (and the per-op program is compiled and measured as before).
+    ops alone (``cost.compiled_floor``): then no IREE program is compiled, since none can
+    win. Else None (and the per-op program is compiled and measured as before).
 
     Only tried where the floor is over ATen's own kernels alone (``floor.aten_ms``), so a
     program IREE may win does not pay for this timing. A decision is cached as
@@ -304,7 +303,7 @@ def aten_far_ahead(imported: ImportedProgram, target: Target, policy: PlacementP
     why = (f"one ATen region ({best}): {ms:.3f} ms end to end, while every plan that compiles "
            f"this program spends at least {floor.compiled_ms:.3f} ms on its {floor.ops} heavy ops "
            "alone (each measured alone in IREE and in ATen, with a kernel call's hand-off), "
-           f"over {FLOOR_MARGIN}x that: no IREE program was compiled")
+           f"more than {FLOOR_MARGIN}x the region's time: no IREE program was compiled")
     region["why"] = why + "; " + region.get("why", "")
     log.info("region placement: %s", region)
     placements = [dataclasses.replace(Placement.from_json(pl), where=KERNEL_CALL,
