@@ -53,7 +53,7 @@ def named_kernels(target) -> bool:
 _ELEMENT = {"f32": "f32"}  # operand element types the named op is emitted for
 
 
-def _ints(value) -> int:
+def _int(value) -> int:
     """The integer a ``torch.constant.int`` operand holds."""
     op = value.owner
     if op.name != "torch.constant.int":
@@ -108,7 +108,7 @@ def expand(module: "ir.Module") -> "ir.Module":
         for op in ops:
             x_t, w_t = (str(v.type) for v in list(op.operands)[:2])
             y_t = str(op.results[0].type)
-            sh, sw = _ints(op.operands[2]), _ints(op.operands[3])
+            sh, sw = _int(op.operands[2]), _int(op.operands[3])
             x, w, y = _builtin(x_t), _builtin(w_t), _builtin(y_t)
             key = f"{x}|{w}|{y}|{sh}|{sw}"
             if key not in made:

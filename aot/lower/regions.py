@@ -268,11 +268,12 @@ def aten_far_ahead(imported: ImportedProgram, target: Target, policy: PlacementP
     ops alone (``cost.compiled_floor``): then no IREE program is compiled, since none can
     win. Else None (and the per-op program is compiled and measured as before).
 
-    Only tried where the floor is over ATen's own kernels alone (``floor.aten_ms``), so a
-    program IREE may win does not pay for this timing. A decision is cached as
-    ``choose_region``'s are, under its own key; a reused one still has to beat the floor.
+    The caller tries it only where the floor is over ATen's own kernels alone
+    (``floor.aten_ms``), so a program IREE may win does not pay for this timing. A
+    decision is cached as ``choose_region``'s are, under its own key; a reused one still
+    has to beat the floor.
     """
-    if not aten or floor.compiled_ms <= floor.aten_ms:
+    if not aten:
         return None
     key = program_key(imported, target, aten) + "-floor"
     region = _cached(key, aten, target)
