@@ -142,15 +142,16 @@ _FAST_BUDGET_S = 0.5  # ...as many as fit in this, all candidates together
 _WARMUP = 3       # the second call of a CUDA region captures its graph
 _WARMUP_CPU = 2   # the first call packs weights; the second runs as every later one
 _SLOW_S = 0.1     # a candidate whose call takes this long times its blocks without an
-                  # untimed call first
+                  # untimed call first, its last warm-up call its first sample
 _BLOCK = 3        # timed calls per candidate per round, after untimed ones (``_WARM_S``)
 _BLOCK_SLOW = 2   # ...for a candidate whose call takes ``_SLOW_S`` or more
 _WARM_S = 0.005   # untimed calls per block, at least this long: steady state again
 EXTRA_S = 3.0     # at most this much more for the contenders whose order is not yet clear
 NOISY = 0.10      # a spread (half IQR) over this fraction of a median is a noisy measurement
-OUT_OF_RACE = 1.5  # after two rounds, a candidate whose fastest call is this many times the
-                   # best median is timed no more (``_in_race``), but for one block that
-                   # checks it was not just disturbed (``_recheck``)
+OUT_OF_RACE = 1.5  # after two rounds (slow programs: from their first sample on), a
+                   # candidate whose fastest call is this many times the best median is
+                   # timed no more (``_in_race``), but for one block that checks it was not
+                   # just disturbed (``_recheck``)
 MARGIN = 0.03     # leads within this fraction are near-ties, settled by ``_ORDER``
 
 
@@ -574,16 +575,21 @@ def _time_candidates(cands: dict[str, CompiledArtifact], example, target: Target
             per_round = sum(call_s[k] for k in mods) * (_BLOCK + 1) + _WARM_S * len(mods)
             rounds = max(rounds, min(_MAX_RUNS // _BLOCK, int(_FAST_BUDGET_S / per_round)))
         # slow programs: no untimed call before a block (a call's own length dwarfs the
-        # previous candidate's threads settling; it would only double the compile time)
+        # previous candidate's threads settling; it would only double the compile time),
+        # the last warm-up call (which runs as every later one) is their first sample,
+        # and the race is judged from it and after every round (``_in_race``)
         settled = {k for k in mods if call_s[k] >= _SLOW_S}
+        for k in settled:
+            samples[k].append(call_s[k] * 1e3)
+        slow = bool(mods) and settled == set(mods)
+        names = _in_race(samples, list(mods)) if slow else list(mods)
         deadline = time.perf_counter() + BUDGET_S
-        names = list(mods)
         for r in range(rounds):
             if r >= 2 and time.perf_counter() > deadline:
                 break
             _round(mods, names[r % len(names):] + names[:r % len(names)], args, kwargs,
                    sync, samples, settled)
-            if r >= 1:
+            if r >= 1 or slow:
                 names = _in_race(samples, names)
         _recheck(mods, names, args, kwargs, sync, samples, settled)
         # the choice and every candidate that might still beat it: measured more, in
@@ -612,16 +618,17 @@ def _in_race(samples: dict[str, list], names: list[str]) -> list[str]:
 
 
 def _recheck(mods, names, args, kwargs, sync, samples, settled=frozenset()) -> None:
-    """One more block for each candidate ``_in_race`` dropped (those not in ``names``): one
-    that now runs within ``OUT_OF_RACE`` of the best median was slowed by something
-    else while it was timed (a burst of other work on the machine), so its earlier
-    samples are dropped and it is measured from that block on, as the others are."""
+    """One more block for each candidate ``_in_race`` dropped (those not in ``names``),
+    one call for a slow one (``settled``): one that now runs within ``OUT_OF_RACE`` of
+    the best median was slowed by something else while it was timed (a burst of other
+    work on the machine), so its earlier samples are dropped and it is measured from
+    that block on, as the others are."""
     if len(names) == len(mods):
         return
     best = min(statistics.median(samples[k]) for k in names)
     for k in [k for k in mods if k not in names]:
         before, samples[k] = samples[k], []
-        _round(mods, [k], args, kwargs, sync, samples, settled)
+        _round(mods, [k], args, kwargs, sync, samples, settled, block=1 if k in settled else None)
         if min(samples[k]) < OUT_OF_RACE * best:
             log.info("region candidate %s ran %.3f ms again after %.3f ms medians: measured "
                      "anew", k, min(samples[k]), statistics.median(before))
@@ -629,10 +636,11 @@ def _recheck(mods, names, args, kwargs, sync, samples, settled=frozenset()) -> N
             samples[k] = before + samples[k]
 
 
-def _round(mods, order, args, kwargs, sync, samples, settled=frozenset()) -> None:
+def _round(mods, order, args, kwargs, sync, samples, settled=frozenset(), block=None) -> None:
     """One block per candidate in ``order``: untimed calls for ``_WARM_S`` (the
     previous candidate's threads settle, this one's caches and threads warm up; one
-    call at least, none for the ``settled`` slow ones), then ``_BLOCK`` timed."""
+    call at least, none for the ``settled`` slow ones), then ``block`` timed (by
+    default ``_BLOCK``, ``_BLOCK_SLOW`` for the slow ones)."""
     for name in order:
         m = mods[name]
         t0 = time.perf_counter()
@@ -641,7 +649,7 @@ def _round(mods, order, args, kwargs, sync, samples, settled=frozenset()) -> Non
             sync()
             if time.perf_counter() - t0 >= _WARM_S:
                 break
-        for _ in range(_BLOCK_SLOW if name in settled else _BLOCK):
+        for _ in range(block or (_BLOCK_SLOW if name in settled else _BLOCK)):
             sync()
             t = time.perf_counter()
             m(*args, **kwargs)

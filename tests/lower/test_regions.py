@@ -171,10 +171,42 @@ def test_a_candidate_that_cannot_win_is_timed_no_more():
     assert _in_race(samples, list(samples)) == list(samples)
 
 
+def test_slow_programs_leave_the_race_from_their_first_sample(monkeypatch):
+    """Where every candidate is slow, the last warm-up call is each one's first sample,
+    and one that is already OUT_OF_RACE times the best is timed in no block: only the
+    recheck's single call (ViT-B/16 spent 30 s timing six candidates of 330-710 ms)."""
+    import aot.runtime.module
+    from aot.lower import regions
+    from aot.lower.targets import get_target
+
+    ms = {"fast": 12.0, "slow": 30.0}
+    calls = {k: 0 for k in ms}
+
+    class Module:
+        def __init__(self, name):
+            self.name = name
+
+        def __call__(self, *args, **kwargs):
+            calls[self.name] += 1
+            time.sleep(ms[self.name] / 1e3)
+
+        def close(self):
+            pass
+
+    monkeypatch.setattr(aot.runtime.module, "CompiledModule", Module)
+    monkeypatch.setattr(regions, "_SLOW_S", 0.01)
+    stats = regions._time_candidates({k: k for k in ms}, ((), {}), get_target("cpu"))
+    assert calls["slow"] == regions._WARMUP_CPU + 1 and stats["slow"][2] == 2
+    assert stats["slow"][0] > regions.OUT_OF_RACE * stats["fast"][0]
+    assert calls["fast"] >= regions._WARMUP_CPU + regions.RUNS // regions._BLOCK * regions._BLOCK_SLOW
+    assert stats["fast"][2] == calls["fast"] - regions._WARMUP_CPU + 1
+
+
 def test_a_dropped_candidate_that_runs_fast_again_is_measured_anew():
     """A candidate a burst of other work slowed in its first rounds is dropped, then
-    rechecked with one block: running fast again, its disturbed samples go and it is
-    measured from there on; still slow, it keeps them all."""
+    rechecked with one block (one call where calls are slow): running fast again, its
+    disturbed samples go and it is measured from there on; still slow, it keeps them all."""
+    from aot.lower import regions
     from aot.lower.regions import _recheck
 
     times = {"aten": [5.0] * 50, "disturbed": [4.0] * 50, "slow": [30.0] * 50}
@@ -185,10 +217,14 @@ def test_a_dropped_candidate_that_runs_fast_again_is_measured_anew():
         return call
     mods = {k: module(k) for k in times}
     samples = {"aten": [5.0] * 6, "disturbed": [80.0] * 6, "slow": [30.0] * 6}
-    _recheck(mods, ["aten"], (), {}, lambda: None, samples, settled=set(times))
-    assert len(samples["disturbed"]) == 2 and max(samples["disturbed"]) < 80.0
-    assert len(samples["slow"]) == 8 and samples["slow"][:6] == [30.0] * 6
+    _recheck(mods, ["aten"], (), {}, lambda: None, samples, settled=set())
+    assert len(samples["disturbed"]) == regions._BLOCK and max(samples["disturbed"]) < 80.0
+    assert len(samples["slow"]) == 6 + regions._BLOCK and samples["slow"][:6] == [30.0] * 6
     assert samples["aten"] == [5.0] * 6
+    samples = {"aten": [5.0] * 6, "disturbed": [80.0] * 6, "slow": [30.0] * 6}
+    _recheck(mods, ["aten"], (), {}, lambda: None, samples, settled=set(times))  # one call
+    assert len(samples["disturbed"]) == 1 and samples["disturbed"][0] < 80.0
+    assert len(samples["slow"]) == 7
 
 
 def test_the_example_decides_and_the_range_end_settles_near_ties():
