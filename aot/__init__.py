@@ -66,7 +66,7 @@ def compile(model, args=(), *, example_kwargs=None, target: str = "cpu", fallbac
             the faster; ``"coverage"``: everything IREE covers is compiled.
         dynamic_shapes: what ``torch.export.export`` takes (``torch.export.Dim`` per
             input dimension): those dimensions stay dynamic, and the artifact serves
-            every size in their ranges (README, "Dynamic shapes"). Placement is
+            every size in their ranges (docs/dynamic-shapes.md). Placement is
             measured at the example's sizes (an example of 1 is exported at 2).
         via: what IREE compiles: ``"torch"`` (the Torch dialect, IREE's own lowering)
             or ``"stablehlo"`` (torch-mlir lowers the covered ops to StableHLO first;
@@ -112,7 +112,7 @@ def export_stablehlo(model, args=(), *, example_kwargs=None, target: str = "cpu"
     """``model`` as StableHLO MLIR text, no Torch-dialect op left: what torch-mlir lowers
     as StableHLO ops, every other op (and every op in ``fallback_ops``) a
     ``stablehlo.custom_call`` whose target names the ATen op and whose
-    ``backend_config`` holds its static operands as JSON (README, "StableHLO path").
+    ``backend_config`` holds its static operands as JSON (docs/stablehlo.md).
     Needs ``pip install 'aot[stablehlo]'``. ``fallback="all"`` makes every op a custom
     call (the "dummy mode"). Same arguments as ``compile``; raises as it does."""
     from .importer import ImportOptions, import_model
@@ -131,7 +131,7 @@ def export_vmfb(model, args=(), path=None, *, example_kwargs=None, target: str =
                 via: str = "torch", parameters: str | None = None) -> bytes:
     """``model`` as a plain IREE module (``.vmfb``) that IREE's own tools and runtime run
     without this package or torch: every op compiled (``placement="coverage"``), entry
-    function ``main`` (README, "Deploying with the IREE runtime alone"). Written to
+    function ``main`` (docs/deployment.md). Written to
     ``path`` when given; the bytes are returned. On this machine's CPU, compiled with
     the flags measured faster on it, as ``compile`` is (the same module an artifact of
     ``compile(..., placement="coverage")`` holds).

@@ -26,7 +26,7 @@ __all__ = ["main"]
 def _load_factory(spec: str):
     """``pkg.mod:factory`` or ``path/to/file.py:factory`` or a bundled model name."""
     if ":" not in spec:
-        import models
+        from aot import models
         return lambda: models.get(spec)
     where, name = spec.rsplit(":", 1)
     if where.endswith(".py") or os.sep in where:
@@ -297,7 +297,7 @@ def _integrity_options(p: argparse.ArgumentParser) -> None:
 def cmd_demo(args) -> int:
     import torch
     import aot
-    import models
+    from aot import models
     from aot import progress
     progress.show()
     name = args.model
@@ -327,11 +327,7 @@ def cmd_demo(args) -> int:
 
 
 def cmd_bench(args) -> int:
-    try:
-        from benchmarks import suite
-    except ImportError as e:
-        raise SystemExit(f"aot: the benchmark suite is not installed ({e}); run from a checkout "
-                         "after pip install -e .")
+    from aot.bench import suite
     models = suite.expand(args.models.split(","), suite.MODEL_SETS) if args.models else list(
         suite.QUICK_MODELS if args.quick else suite.DEFAULT_MODELS)
     systems = suite.expand(args.systems.split(","), suite.SYSTEM_SETS) if args.systems else \

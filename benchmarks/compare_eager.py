@@ -17,7 +17,7 @@ import time
 import torch
 
 import aot
-import models
+from aot import models
 
 
 def main():

@@ -34,10 +34,10 @@ def worker(model: str, system: str) -> dict:
     import logging
     import time
 
-    from benchmarks.suite import load_model
+    from aot.bench.suite import load_model
     model_, example, _ = load_model(model, "cpu")
     if system == "onnxruntime":
-        from benchmarks.peers import build_peer
+        from aot.bench.peers import build_peer
         t0 = time.perf_counter()
         build_peer("onnxruntime", model_, example, "cpu")
         return {"seconds": time.perf_counter() - t0}
@@ -118,7 +118,7 @@ def main(argv=None) -> int:
                       f"{got.get('seconds', got.get('error'))}", file=sys.stderr, flush=True)
     from importlib.metadata import version
 
-    from benchmarks.report import machine_info, publish
+    from aot.bench.report import machine_info, publish
     info = machine_info(f"IREE {version('iree-base-compiler')}")
     rows = []
     for key, runs in res.items():

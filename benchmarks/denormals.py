@@ -3,7 +3,7 @@
     python benchmarks/denormals.py                       # the zoo at batch 1
     python benchmarks/denormals.py --models efficientnet_b0 --out results/
 
-For each model (random weights as ``models/zoo.py`` makes them, or with
+For each model (random weights as ``aot/models/zoo.py`` makes them, or with
 ``--torchvision-init`` as torchvision's constructor leaves them, batch-norm statistics
 at 0 and 1; a standard-normal input): the share of denormal values among all float32 activations (every leaf
 module's outputs, by forward hooks), eager's median latency as is and with
@@ -67,7 +67,7 @@ def _torchvision_init(name: str):
 
 def measure(name: str, runs: int, torchvision_init: bool = False) -> dict:
     import torch
-    from models.zoo import bert_base, vision_model
+    from aot.models.zoo import bert_base, vision_model
     if torchvision_init and name != "bert_base":
         model, args = _torchvision_init(name)
     else:
@@ -129,14 +129,14 @@ def main(argv=None) -> int:
     ap.add_argument("--out", help="folder for denormals.md")
     ap.add_argument("--torchvision-init", action="store_true",
                     help="torchvision's own initialisation (batch-norm statistics 0 and 1) "
-                         "instead of models/zoo.py's")
+                         "instead of aot/models/zoo.py's")
     a = ap.parse_args(argv)
-    from benchmarks.suite import machine_info
+    from aot.bench.suite import machine_info
     m = machine_info("cpu")
     lines = ["# Denormal floats in the benchmark models", "",
              f"{m['cpu']}, {m['cores']} cores, torch {m['torch']}, {m['torch_threads']} threads; "
              "random weights ("
-             + ("torchvision's constructor" if a.torchvision_init else "models/zoo.py")
+             + ("torchvision's constructor" if a.torchvision_init else "aot/models/zoo.py")
              + "), batch 1, eager, median of "
              f"{a.runs} calls", "",
              "| model | denormal activations | eager ms | eager ms, FTZ/DAZ | output change "

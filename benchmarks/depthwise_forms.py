@@ -1,7 +1,7 @@
 """Depthwise convolutions' compiled forms end to end: the named channels-last one against
 shifted multiply-adds, in the same models.
 
-Each model (``benchmarks.suite`` names) is compiled twice in this process with
+Each model (``aot.bench.suite`` names) is compiled twice in this process with
 ``placement="coverage"`` (every op compiled): as the CPU target compiles it
 (``linalg_kernels.named_kernels``: strided and larger-than-3x3 depthwise convolutions
 channels-last) and as a target without named kernels compiles it (every depthwise
@@ -43,8 +43,8 @@ def _compile(model, example, named: bool):
 
 
 def main(argv=None) -> int:
-    from benchmarks.report import machine_info, publish
-    from benchmarks.suite import load_model
+    from aot.bench.report import machine_info, publish
+    from aot.bench.suite import load_model
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--models", default="mobilenet_v3_small_b1,efficientnet_b0_b1")
     ap.add_argument("--rounds", type=int, default=30)

@@ -56,7 +56,7 @@ def compiled_program(name: str, placement: str, flags: list[str]):
     from aot.lower.partition import partition
     from aot.lower.placement import PlacementPolicy
     from aot.lower.targets import get_target
-    from benchmarks.suite import BENCH_MODELS
+    from aot.bench.suite import BENCH_MODELS
 
     if name not in BENCH_MODELS:
         raise SystemExit(f"dispatch_profile: unknown model {name!r}; choose from "

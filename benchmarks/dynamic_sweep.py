@@ -26,7 +26,7 @@ import torch
 
 import aot
 from aot.importer.dynamic import resized
-from benchmarks import suite
+from aot.bench import suite
 
 MODELS = {"resnet18": "resnet18_b1", "bert": "bert", "mobilenet_v2": "mobilenet_v2_b1"}
 

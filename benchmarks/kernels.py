@@ -47,7 +47,7 @@ def _interleaved(fns: dict, runs: int) -> dict:
 
 
 def resnet18_convs(runs: int) -> None:
-    from models.resnet18 import resnet18
+    from aot.models.resnet18 import resnet18
     model, (x,) = resnet18(batch=1)
     inputs = {}
     def keep(m, i, o):
@@ -115,7 +115,7 @@ def quantized_convs(runs: int) -> None:
 
 def resnet18_int8_convs(runs: int) -> None:
     try:
-        from models.quantized_resnet18 import quantized_resnet18
+        from aot.models.quantized_resnet18 import quantized_resnet18
         model, (x,) = quantized_resnet18("x86")
     except ImportError as e:  # torchvision is a test dependency
         print(f"quantized ResNet18 convolutions: skipped ({e})")

@@ -97,7 +97,7 @@ def main(argv=None) -> int:
         print(f"aot from {os.path.dirname(os.path.dirname(aot.__file__))}", file=sys.stderr)
         print(json.dumps(worker(args.worker, args.repeat)))
         return 0
-    from benchmarks.report import machine_info, publish, table_head
+    from aot.bench.report import machine_info, publish, table_head
     trees = [os.path.abspath(t) for t in args.tree] + [ROOT]
     with tempfile.TemporaryDirectory() as folder:
         print("compiling ResNet18 (coverage, fallback=all)...", flush=True)

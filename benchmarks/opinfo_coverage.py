@@ -171,7 +171,7 @@ def _same_scalar(a, b) -> bool:
 # -- running one case -------------------------------------------------------------------
 
 def classify(e: BaseException) -> str:
-    """The failure class of an exception (the README's table uses these)."""
+    """The failure class of an exception (docs/coverage.md's list uses these)."""
     import aot
     msg = str(e)
     if isinstance(e, Mismatch):

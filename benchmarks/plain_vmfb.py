@@ -29,7 +29,7 @@ import numpy as np
 import torch
 
 import aot
-import models
+from aot import models
 
 TOOL = os.path.join(os.path.dirname(sys.executable), "iree-benchmark-module")
 

@@ -3,7 +3,7 @@
 Usage: python benchmarks/pt2e.py [--models resnet18,mobilenet_v2,transformer]
        [--size 224] [--runs 20] [--out benchmarks/results/<dir>]
 
-For each model of ``models/pt2e.py`` (random weights, calibrated on generated data,
+For each model of ``aot/models/pt2e.py`` (random weights, calibrated on generated data,
 ``X86InductorQuantizer``): the converted model run as it is (eager Q/DQ), the same
 model under ``torch.compile`` with ``freezing`` (inductor's int8 CPU path, the
 anchor the issue names) and ``aot.compile`` with the defaults; latency at batch 1,
@@ -24,7 +24,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import torch  # noqa: E402
 
 import aot  # noqa: E402
-from benchmarks.report import machine_info, publish, speedups, table_head  # noqa: E402
+from aot.bench.report import machine_info, publish, speedups, table_head  # noqa: E402
 from benchmarks.quantized_resnet18 import latency  # noqa: E402
 from models import pt2e  # noqa: E402
 

@@ -29,7 +29,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import torch  # noqa: E402
 
 import aot  # noqa: E402
-from models.quantized_resnet18 import quantized_resnet18  # noqa: E402
+from aot.models.quantized_resnet18 import quantized_resnet18  # noqa: E402
 
 AOT_Q_OPS = ["aot_q.quantize", "aot_q.dequantize", "aot_q.conv2d", "aot_q.linear", "aot_q.add",
              "aot_q.cat", "aot_q.max_pool2d", "aot_q.adaptive_avg_pool2d"]
@@ -90,7 +90,7 @@ def main(argv=None) -> int:
               f"  max {r['max_steps']:.2f} steps  top-1 agree {100 * r['top1_agree']:.1f}% "
               f"({r['inputs']} inputs)")
 
-    import models
+    from aot import models
     fp32, (x1,) = models.get("resnet18")
     q1, _ = quantized_resnet18(a.backend, batch=1)
     systems = {"fp32 eager": fp32, f"int8 eager ({torch.backends.quantized.engine})": q1,

@@ -4,7 +4,7 @@ Usage: python benchmarks/quantized_zoo.py [--models googlenet,mobilenet_v2,...]
        [--backend x86|fbgemm|qnnpack] [--size 224] [--inputs 100] [--runs 20]
        [--modes default,coverage,aten] [--out benchmarks/results/<dir>]
 
-For each model of ``models/quantized_zoo.py`` (random weights, batch norms measured
+For each model of ``aot/models/quantized_zoo.py`` (random weights, batch norms measured
 and calibrated on generated data): compiles with the defaults, with every ``aot_q``
 op compiled (``placement="coverage"``) and with every ``aot_q`` op in ATen, and gives
 per mode the share of logits within one quantization step of eager int8, the largest
@@ -30,9 +30,9 @@ import torch  # noqa: E402
 import torch.ao.nn.quantized as nnq  # noqa: E402
 
 import aot  # noqa: E402
-from benchmarks.report import machine_info, publish, speedups, table_head  # noqa: E402
+from aot.bench.report import machine_info, publish, speedups, table_head  # noqa: E402
 from benchmarks.quantized_resnet18 import agreement, latency  # noqa: E402
-from models.quantized_zoo import MIN_SIZE, QUANTIZED_ZOO, quantized_model  # noqa: E402
+from aot.models.quantized_zoo import MIN_SIZE, QUANTIZED_ZOO, quantized_model  # noqa: E402
 
 MODES = {"default": {}, "coverage": {"placement": "coverage"},
          "aten": {"fallback_ops": ["aot_q"]}}

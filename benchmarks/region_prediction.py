@@ -142,7 +142,7 @@ def run(models: list[str], compiles: int, calls: int) -> list[dict]:
 
 
 def table(rows: list[dict]) -> str:
-    from benchmarks.suite import machine_info
+    from aot.bench.suite import machine_info
     m = machine_info("cpu")
     lines = ["# Region decisions: reproducible? predictive?", "",
              f"{m['cpu']}, {m['cores']} cores, torch {m['torch']}, "

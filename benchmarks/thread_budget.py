@@ -51,7 +51,7 @@ def worker(model: str, path: str, config: str, calls: int) -> dict:
 
     from aot.artifact import CompiledArtifact, load_artifact
     from aot.runtime.module import CompiledModule
-    from models.zoo import vision_model
+    from aot.models.zoo import vision_model
     m, (x,) = vision_model(model, 1)
     with torch.no_grad():
         out = {"eager before": _times(m, x, calls)}
@@ -72,7 +72,7 @@ def worker(model: str, path: str, config: str, calls: int) -> dict:
 
 def _build(folder: str) -> dict[str, str]:
     import aot
-    from models.zoo import vision_model
+    from aot.models.zoo import vision_model
     paths = {}
     for name, ops in MODELS.items():
         m, (x,) = vision_model(name, 1)
@@ -96,7 +96,7 @@ def main(argv=None) -> int:
     if args.worker:
         print(json.dumps(worker(*args.worker, args.calls)))
         return 0
-    from benchmarks.report import machine_info, publish, table_head
+    from aot.bench.report import machine_info, publish, table_head
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     runs: dict[tuple[str, str], list[dict]] = {}
     with tempfile.TemporaryDirectory() as folder:

@@ -8,7 +8,7 @@ the rest Torch -> StableHLO. For IREE the custom calls turn back into calls of t
 same host functions (``host_calls``), so the runtime, the kernel calls' groups and
 the TorchTensor boundary are those of the Torch-dialect path.
 
-Custom-call contract (README, "StableHLO path"):
+Custom-call contract (docs/stablehlo.md):
 
 - ``call_target_name``: the ATen op, ``aten::layer_norm``; ``aot::group`` for a
   group of neighbouring ops run in one crossing.

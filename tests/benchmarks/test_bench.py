@@ -39,7 +39,7 @@ def test_bench_peers_on_a_small_model(tmp_path, monkeypatch):
     naming its package; the summary compares aot with the fastest correct peer."""
     import torch
 
-    from benchmarks import suite
+    from aot.bench import suite
 
     def small():
         torch.manual_seed(0)
@@ -64,7 +64,7 @@ def test_bench_peers_on_a_small_model(tmp_path, monkeypatch):
 
 
 def test_bench_model_and_system_sets():
-    from benchmarks import suite
+    from aot.bench import suite
     assert suite.expand(["zoo_b1"], suite.MODEL_SETS)[:2] == ["resnet18_b1", "resnet50_b1"]
     assert "bert_base_b8" in suite.expand(["zoo"], suite.MODEL_SETS)
     assert suite.expand(["peers", "aot-coverage"], suite.SYSTEM_SETS) == [
@@ -76,7 +76,7 @@ def test_bench_model_and_system_sets():
 def test_rel_err_of_mismatched_outputs_is_infinite():
     import torch
 
-    from benchmarks import suite
+    from aot.bench import suite
     assert suite._rel_err(torch.ones(3), torch.ones(4)) == float("inf")
     assert suite._rel_err((torch.ones(3),), (torch.ones(3), torch.ones(3))) == float("inf")
     assert suite._rel_err(torch.tensor([1.0, 2.0]), torch.tensor([1.0, 4.0])) == 0.5
@@ -86,7 +86,7 @@ def test_zoo_models_give_nonzero_outputs():
     """A model whose output is all zeros (torchvision's ViT head is zero-initialised)
     would make the bench's correctness check against eager compare zeros."""
     pytest.importorskip("torchvision")
-    from models.zoo import vision_model
+    from aot.models.zoo import vision_model
 
     for name in ("vit_b_16", "mobilenet_v3_small"):
         m, (x,) = vision_model(name)
@@ -97,7 +97,7 @@ def test_zoo_models_give_nonzero_outputs():
 
 def test_outputs_are_written_after_each_model(tmp_path):
     """An interrupted long run keeps the models it finished."""
-    from benchmarks import suite
+    from aot.bench import suite
 
     seen = []
     rows = suite.run_suite(["custom_op", "bert"], ["eager"], runs=2, warmup=1, target="cpu",

@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from benchmarks import isolated, suite
+from aot.bench import isolated, suite
 
 
 def _quiet(msg):

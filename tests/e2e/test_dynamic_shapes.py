@@ -14,8 +14,8 @@ from torch.export import Dim
 
 import aot
 from aot.errors import ExportFailed, InputMismatch
-from models.bert import bert_encoder
-from models.custom_op import custom_op_model
+from aot.models.bert import bert_encoder
+from aot.models.custom_op import custom_op_model
 
 pytestmark = pytest.mark.slow
 
@@ -250,7 +250,7 @@ def test_an_example_that_is_a_view_of_a_larger_tensor(view):
 
 @pytest.fixture(scope="module")
 def qresnet18():
-    from models.quantized_resnet18 import quantized_resnet18
+    from aot.models.quantized_resnet18 import quantized_resnet18
     model, (x,) = quantized_resnet18("x86", batch=2)
     return model, x[:, :, :64, :64].contiguous()
 

@@ -5,7 +5,7 @@ import torch
 
 import aot
 from aot.lower.regions import choice
-import models
+from aot import models
 
 
 def _kernel_calls(cm):

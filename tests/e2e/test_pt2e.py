@@ -1,6 +1,6 @@
 """PT2E-quantized models (torchao) against torchao's converted model (issue 17).
 
-Each model is quantized with ``prepare_pt2e``/``convert_pt2e`` (``models/pt2e.py``),
+Each model is quantized with ``prepare_pt2e``/``convert_pt2e`` (``aot/models/pt2e.py``),
 calibrated on generated data, compiled, and compared with the converted model:
 
 - ``fallback="all"``: the converted graph's own ops, in ATen: bit-exact;
@@ -183,7 +183,7 @@ def test_dynamic_linear_quantization(mode):
 
 # --- ResNet18 and MobileNetV2 ----------------------------------------------------------
 
-# Measured over 16 samples (README, "PT2E"): features within one step, exact, max steps.
+# Measured over 16 samples (docs/quantization.md, "PT2E"): features within one step, exact, max steps.
 # ResNet18: coverage 95.6%, 93.0%, 19; kernels 91.4%, 86.2%, 19.
 # MobileNetV2: coverage 94.9%, 94.0%, 34; kernels 84.0%, 83.0%, 59 (ATen's depthwise
 # int8 kernel is up to 28 steps off the converted model's math on rare elements).
@@ -200,7 +200,7 @@ CNN_AGREEMENT = {"coverage": 0.9, "kernels": 0.75}
                                        ("resnet18", "all"), ("mobilenet_v2", "all")])
 def test_cnn(name, mode):
     """(MobileNetV2 under coverage and kernel calls takes 2-3 min to compile cold: its
-    figures are in the README, measured by hand, not in CI's budget.)"""
+    figures are in the comment above, measured by hand, not in CI's budget.)"""
     converted, x = _model(name)
     cm = _compiled(name, mode)
     xs = _inputs(x)

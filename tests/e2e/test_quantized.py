@@ -16,7 +16,7 @@ import aot
 from aot.reporting import kernel_call_ops
 
 pytest.importorskip("torchvision")
-from models.quantized_resnet18 import quantized_resnet18  # noqa: E402
+from aot.models.quantized_resnet18 import quantized_resnet18  # noqa: E402
 
 warnings.filterwarnings("ignore", message=".*quantize_per_tensor.*deprecated")
 AOT_Q_OPS = ["aot_q.quantize", "aot_q.dequantize", "aot_q.conv2d", "aot_q.linear", "aot_q.add",

@@ -1,7 +1,7 @@
 """torchvision's quantized zoo, eager-mode quantized, in both modes against eager int8.
 
 One model of each architecture of ``torchvision.models.quantization`` at a small
-resolution (``models/quantized_zoo.py``: random weights, batch norms measured and
+resolution (``aot/models/quantized_zoo.py``: random weights, batch norms measured and
 the model calibrated on generated data), the x86 config, and qnnpack's on three:
 
 - ATen fallback (``fallback_ops=["aot_q"]``): bit-exact with eager int8;
@@ -13,7 +13,7 @@ the model calibrated on generated data), the x86 config, and qnnpack's on three:
 
 End to end, random-weight networks amplify a one-step difference (in eager int8
 itself, moving one activation of MobileNetV2's first convolution by one step moves
-71% of the logits by more than one step: README, "Quantized models"), so bit-exact is
+71% of the logits by more than one step: docs/quantization.md), so bit-exact is
 the only bar that holds across models: one output per ten million rounded otherwise
 than ATen put ResNet50 at 94.7% of logits within one step. The rounding details that
 took are tested one by one in ``tests/importer/test_int8_decompositions.py``. The
@@ -35,7 +35,7 @@ from aot.importer.quantized import rewrite_eager_quantized
 from aot.reporting import kernel_call_ops
 
 pytest.importorskip("torchvision")
-from models.quantized_zoo import quantized_model  # noqa: E402
+from aot.models.quantized_zoo import quantized_model  # noqa: E402
 
 warnings.filterwarnings("ignore", message=".*quantize_per_tensor.*deprecated")
 warnings.filterwarnings("ignore", message=".*must run observer.*")

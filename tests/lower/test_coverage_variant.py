@@ -7,7 +7,7 @@ import importlib
 import torch
 
 import aot
-import models
+from aot import models
 from aot.lower import cost
 from aot.lower.cost import Cost
 from aot.lower.regions import choice

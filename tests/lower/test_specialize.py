@@ -16,7 +16,7 @@ from aot.artifact import CompiledArtifact
 from aot.errors import ArtifactError
 from aot.importer.fx_import import import_graphs, stateless_graph
 from aot.lower.specialize import AT_EXAMPLE
-from models.custom_op import custom_op_model
+from aot.models.custom_op import custom_op_model
 
 pytestmark = pytest.mark.slow
 

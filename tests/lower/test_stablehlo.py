@@ -99,7 +99,7 @@ def test_weights_only_a_custom_call_reads_are_its_operands():
 
 def test_cli_emits_stablehlo(tmp_path):
     out = tmp_path / "m.mlir"
-    done = subprocess.run([sys.executable, "-m", "aot.cli", "compile", "models/unlowerable.py:unlowerable_model",
+    done = subprocess.run([sys.executable, "-m", "aot.cli", "compile", "aot/models/unlowerable.py:unlowerable_model",
                            "--emit", "stablehlo", "-o", str(out)], capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
     text = out.read_text()
@@ -124,8 +124,8 @@ def test_dummy_mode_runs_the_corpus_bit_exact(case):
 
 
 def test_unlowerable_and_custom_ops_run_in_aten_between_stablehlo_code():
-    from models.custom_op import CustomOpModel
-    from models.unlowerable import unlowerable_model
+    from aot.models.custom_op import CustomOpModel
+    from aot.models.unlowerable import unlowerable_model
     m, (x,) = unlowerable_model()
     torch.manual_seed(0)
     c = CustomOpModel().eval()
@@ -172,7 +172,7 @@ def test_an_op_without_a_stablehlo_lowering_falls_back_with_torch_mlirs_error():
 
 @pytest.mark.slow
 def test_resnet18_through_stablehlo():
-    from models.resnet18 import resnet18
+    from aot.models.resnet18 import resnet18
     m, (x,) = resnet18()
     cm = aot.compile(m, (x,), via="stablehlo", placement="coverage")
     assert not cm.manifest["kernel_calls"]
@@ -183,7 +183,7 @@ def test_resnet18_through_stablehlo():
 
 @pytest.mark.slow
 def test_bert_encoder_through_stablehlo():
-    from models.bert import bert_encoder
+    from aot.models.bert import bert_encoder
     m, args = bert_encoder(seq=32)
     cm = aot.compile(m, args, via="stablehlo", placement="coverage")
     with torch.no_grad():
@@ -193,7 +193,7 @@ def test_bert_encoder_through_stablehlo():
 
 @pytest.mark.slow
 def test_quantized_resnet18_fallback_mode_through_stablehlo():
-    from models.quantized_resnet18 import quantized_resnet18
+    from aot.models.quantized_resnet18 import quantized_resnet18
     engine = torch.backends.quantized.engine
     try:
         m, (x,) = quantized_resnet18("x86", batch=2)

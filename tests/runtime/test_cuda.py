@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import aot
-import models
+from aot import models
 from aot.reporting import kernel_call_ops
 
 HAS_CUDA = torch.cuda.is_available()

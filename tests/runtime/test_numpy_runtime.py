@@ -87,7 +87,7 @@ def test_load_in_a_python_without_torch(mixed_artifact, tmp_path):
         want = m(x, ids, 2.0)
     np.save(tmp_path / "x.npy", x.numpy())
     np.save(tmp_path / "ids.npy", ids.numpy())
-    from models.unlowerable import unlowerable_model
+    from aot.models.unlowerable import unlowerable_model
     um, uargs = unlowerable_model()
     aot.compile(um, uargs, placement="coverage").save(str(tmp_path / "calls.aot"))
     script = textwrap.dedent(f"""

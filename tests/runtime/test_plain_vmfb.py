@@ -77,7 +77,7 @@ def test_cli_emit_vmfb_with_a_parameter_archive(tmp_path):
     assert done.returncode == 0, done.stderr
     assert f"--parameters=model={params}" in done.stderr  # how to run it
     assert os.path.getsize(out) < 1e6 and os.path.getsize(params) > 40e6  # 11.7 M floats
-    from models.resnet18 import resnet18
+    from aot.models.resnet18 import resnet18
     m, _ = resnet18()
     x = torch.randn(1, 3, 64, 64)
     (got,) = _run_module(str(out), [x.numpy()], 1, tmp_path,
@@ -88,7 +88,7 @@ def test_cli_emit_vmfb_with_a_parameter_archive(tmp_path):
 
 def test_bert_encoder_runs_on_irees_own_tool(tmp_path):
     """int64 token ids in, float32 hidden states out; weights inside the module."""
-    from models.bert import bert_encoder
+    from aot.models.bert import bert_encoder
     m, (ids,) = bert_encoder(seq=32)
     path = str(tmp_path / "bert.vmfb")
     aot.export_vmfb(m, (ids,), path)
@@ -103,7 +103,7 @@ def test_bert_encoder_runs_on_irees_own_tool(tmp_path):
                            ".ci/aarch64-runtime")
 def test_aarch64_module_runs_under_qemu(tmp_path):
     """ResNet18 compiled here for aarch64, run by IREE's aarch64 tool under emulation."""
-    from models.resnet18 import resnet18
+    from aot.models.resnet18 import resnet18
     m, _ = resnet18()
     x = torch.randn(1, 3, 64, 64)
     path = str(tmp_path / "r18-aarch64.vmfb")
@@ -185,7 +185,7 @@ def test_bad_cpu_targets_are_clear_errors(target, message):
 
 
 def test_kernel_calls_refuse_the_export_with_the_ops_listed():
-    from models.unlowerable import unlowerable_model
+    from aot.models.unlowerable import unlowerable_model
     m, args = unlowerable_model()
     with pytest.raises(aot.UnsupportedOp) as e:
         aot.export_vmfb(m, args)
@@ -197,6 +197,6 @@ def test_kernel_calls_refuse_the_export_with_the_ops_listed():
 
 def test_cli_emit_vmfb_without_output_is_a_clear_error():
     done = subprocess.run([sys.executable, "-m", "aot.cli", "compile",
-                           "models/unlowerable.py:unlowerable_model", "--emit", "vmfb"],
+                           "aot/models/unlowerable.py:unlowerable_model", "--emit", "vmfb"],
                           capture_output=True, text=True)
     assert done.returncode != 0 and "--emit vmfb needs -o" in done.stderr

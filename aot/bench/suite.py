@@ -23,10 +23,10 @@ Systems (each skipped with its reason where it cannot run the model):
   shape) in the same run. The sweep over batch sizes is ``benchmarks/dynamic_sweep.py``.
 
 Models: the bundled ones (ResNet18, its int8 version, a small BERT, the custom-op
-model), torchvision's zoo at batch 1 and 8 (``models/zoo.py``), and real-world
+model), torchvision's zoo at batch 1 and 8 (``aot/models/zoo.py``), and real-world
 architectures with random weights, nothing downloaded: Hugging Face models built
-from their configs (``models/hf.py``: BERT-base, DistilBERT, T5-small's encoder, a
-small Llama) and timm models (``models/timm_zoo.py``). ``MODEL_SETS`` names groups.
+from their configs (``aot/models/hf.py``: BERT-base, DistilBERT, T5-small's encoder, a
+small Llama) and timm models (``aot/models/timm_zoo.py``). ``MODEL_SETS`` names groups.
 
 Processes: each system is built and timed in its own worker process, and a
 coordinator (this process) interleaves them round by round, one worker running at a
@@ -48,7 +48,7 @@ other (fast models get hundreds of samples).
 Checks: every system's output is compared with eager's once after building: the
 row gives the largest difference relative to the output's largest magnitude, and a
 system beyond ``REL_TOL`` is marked wrong (timed all the same). Denormals are left
-as each system leaves them (nothing here sets flush-to-zero; ``models/zoo.py`` says
+as each system leaves them (nothing here sets flush-to-zero; ``aot/models/zoo.py`` says
 which models' eager activations contain any).
 
 Per row: median and spread (10th-90th percentile) of latency, throughput, speed
@@ -93,50 +93,50 @@ REL_TOL = 1e-3  # largest |system - eager| / largest |eager| a row may show and 
 
 def _resnet18(batch):
     def make():
-        from models.resnet18 import resnet18
+        from aot.models.resnet18 import resnet18
         return resnet18(batch=batch)
     return make
 
 
 def _int8():
-    from models.quantized_resnet18 import quantized_resnet18
+    from aot.models.quantized_resnet18 import quantized_resnet18
     return quantized_resnet18("x86", batch=1)
 
 
 def _bert():
-    from models.bert import bert_encoder
+    from aot.models.bert import bert_encoder
     return bert_encoder(seq=128)
 
 
 def _custom_op():
-    from models.custom_op import custom_op_model
+    from aot.models.custom_op import custom_op_model
     return custom_op_model()
 
 
 def _vision(name, batch):
     def make():
-        from models.zoo import vision_model
+        from aot.models.zoo import vision_model
         return vision_model(name, batch)
     return make
 
 
 def _bert_base(batch):
     def make():
-        from models.zoo import bert_base
+        from aot.models.zoo import bert_base
         return bert_base(batch)
     return make
 
 
 def _hf(name, batch):
     def make():
-        from models.hf import hf_model
+        from aot.models.hf import hf_model
         return hf_model(name, batch)
     return make
 
 
 def _timm(name, batch):
     def make():
-        from models.timm_zoo import timm_model
+        from aot.models.timm_zoo import timm_model
         return timm_model(name, batch)
     return make
 
@@ -153,8 +153,8 @@ for _name in _ZOO:
         BENCH_MODELS.setdefault(f"{_name}_b{_b}", _vision(_name, _b))
 for _b in (1, 8):
     BENCH_MODELS[f"bert_base_b{_b}"] = _bert_base(_b)
-# Hugging Face models from their configs (models/hf.py; BERT-base itself, beside the
-# bundled encoder at its width) and timm models (models/timm_zoo.py), random weights
+# Hugging Face models from their configs (aot/models/hf.py; BERT-base itself, beside the
+# bundled encoder at its width) and timm models (aot/models/timm_zoo.py), random weights
 _HF = {"hf_bert_base": "bert_base", "distilbert": "distilbert", "t5_small_enc": "t5_small_enc",
        "llama_small": "llama_small"}
 _TIMM = ("mobilevit_s", "convnext_atto", "efficientformer_l1", "deit_tiny")

@@ -5,7 +5,7 @@ torch's OpenMP) interfere when they share a process: eager EfficientNet-B0 measu
 232 ms beside the others on 2 vCPUs, 32 ms alone. So, per model:
 
 - The coordinator (the process running ``aot bench``) starts one worker per system:
-  a fresh interpreter, ``python -m benchmarks.isolated``, talking to it over a socket
+  a fresh interpreter, ``python -m aot.bench.isolated``, talking to it over a socket
   pair (POSIX) with ``multiprocessing.connection`` messages. It inherits no thread
   pool, CUDA context or imported state; unlike multiprocessing's ``spawn`` it does not
   re-run the caller's main module, so any script may call the suite. Workers start
@@ -75,11 +75,11 @@ class _Worker:
     def __init__(self, name: str, system: str, target: str, warmup: int, fault: str | None):
         self.system = system
         mine, theirs = socket.socketpair()
-        root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+        root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
         env = dict(os.environ)
         env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "benchmarks.isolated", str(theirs.fileno()), name, system,
+            [sys.executable, "-m", "aot.bench.isolated", str(theirs.fileno()), name, system,
              target, str(warmup), fault or ""],
             pass_fds=(theirs.fileno(),), stdin=subprocess.DEVNULL, env=env)
         theirs.close()  # the worker holds the only other end: its death closes the socket
@@ -210,7 +210,7 @@ def run_model_isolated(name: str, systems, runs: int, warmup: int, target: str,
 
 
 def _worker_main(argv: list[str]) -> None:
-    """A worker process (``python -m benchmarks.isolated FD MODEL SYSTEM TARGET WARMUP
+    """A worker process (``python -m aot.bench.isolated FD MODEL SYSTEM TARGET WARMUP
     FAULT``): build, answer ``ready`` or ``error`` on socket ``FD``, then serve blocks."""
     fd, name, system, target, warmup, fault = argv
     conn, warmup, fault = Connection(int(fd)), int(warmup), fault or None
