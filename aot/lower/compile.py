@@ -168,17 +168,22 @@ def stablehlo_module(imported: ImportedProgram, target: Target,
     partitions for ``via="stablehlo"``: ops torch-mlir cannot lower, blamed by its
     errors, run in ATen (under ``fallback="auto"``).
 
+    A portable export: every op torch-mlir lowers is lowered (``placement="coverage"``:
+    nothing here is measured against IREE), as written (``partition(portable=True)``:
+    a convolution is a ``stablehlo.convolution``, not the forms IREE runs well).
+
     Raises:
         CompileFailed: torch-mlir fails and no op is to blame (or ``fallback`` is not
             ``"auto"``); the message has torch-mlir's first error.
     """
     from .stablehlo import to_stablehlo
     target = dataclasses.replace(program_target(imported, target), via="stablehlo")
-    policy = dataclasses.replace(policy, group=False)  # one custom call per ATen op
+    # one custom call per ATen op
+    policy = dataclasses.replace(policy, group=False, placement="coverage", plan=None)
     imported, _ = prepare(imported, policy)
     demoted: dict[str, str] = {}
     for _ in range(_MAX_RECOVERY_ROUNDS + 1):
-        p = partition(imported, target, policy, demoted=demoted)
+        p = partition(imported, target, policy, demoted=demoted, portable=True)
         text, diag = to_stablehlo(p.mlir, {k.key: k for k in p.kernel_calls}, p.host_constants)
         if text is not None:
             return text

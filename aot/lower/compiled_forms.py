@@ -11,6 +11,11 @@ variance and standard deviation in two passes (``var_rewrites``: IREE's one pass
 cancels where the mean is large). ``emit`` is the one entry point: the partitioner calls it for
 every compiled op, the cost probe for the one-op graphs it times, so both measure
 and build the same form.
+
+A portable export (``--emit stablehlo``, ``aot.export_stablehlo``) is for other
+consumers than IREE: it keeps the ops as written (``stablehlo.convolution`` for a
+convolution), but for the exact rewrites of ops whose usual lowerings lose precision
+(``_EXACT``), which are right for every consumer.
 """
 
 from __future__ import annotations
@@ -35,23 +40,28 @@ _REWRITES = (conv_as_matmul, depthwise_as_shifts, attention_as_matmuls, global_p
              linear_as_2d, floor_division_exact, variance_two_pass)
 # the forms that also take sizes following a dynamic dimension (``dynamic_shapes``)
 _SYMBOLIC = (linear_as_2d, floor_division_exact)
+# the forms that are about exactness, not IREE's speed: a portable export keeps these only
+_EXACT = (floor_division_exact, variance_two_pass)
 
 
-def emit(node: torch.fx.Node, g: torch.fx.Graph, env: dict, named: bool = False
-         ) -> torch.fx.Node | None:
+def emit(node: torch.fx.Node, g: torch.fx.Graph, env: dict, named: bool = False,
+         portable: bool = False) -> torch.fx.Node | None:
     """Emit ``node``'s compiled form into ``g`` (operands through ``env``) and return
     its result node; None when ``node`` compiles as it is (the caller copies it).
-    ``named``: the target takes ``linalg_kernels`` ops (``named_kernels``)."""
+    ``named``: the target takes ``linalg_kernels`` ops (``named_kernels``).
+    ``portable``: for a portable export, only the exact rewrites (``_EXACT``)."""
     if node.op != "call_function":
         return None
     symbolic = _follows_symbols(node)
-    if named and not symbolic:
+    if named and not symbolic and not portable:
         new = depthwise_as_nhwc(node, g, env)
         if new is not None:
             return new
     for rewrite in _REWRITES:
         if symbolic and rewrite not in _SYMBOLIC:
             continue  # it reads static sizes: a dynamic dimension keeps the op as written
+        if portable and rewrite not in _EXACT:
+            continue
         new = rewrite(node, g, env)
         if new is not None:
             return new

@@ -35,7 +35,7 @@ __all__ = ["HostConstants", "quantized_boundary", "rewrite_graph"]
 
 
 def rewrite_graph(ep, decided: dict, sizes: frozenset, grouping: Grouping,
-                  named: bool = False):
+                  named: bool = False, portable: bool = False):
     """The stateless graph of ``ep`` with its kernel calls as ``aot_kc`` placeholder calls.
 
     Args:
@@ -44,6 +44,8 @@ def rewrite_graph(ep, decided: dict, sizes: frozenset, grouping: Grouping,
         sizes: size nodes kernel calls record: dropped.
         grouping: from ``grouping``; filled in as groups are emitted.
         named: compiled forms may call ``linalg_kernels`` ops (``named_kernels``).
+        portable: a portable export: compiled ops as written, but for the exact
+            rewrites (``compiled_forms.emit``).
     Returns:
         The new graph, the KernelCallSpecs in site order, op node name -> kernel
         call key, and the host-held constants the calls read.
@@ -54,12 +56,13 @@ def rewrite_graph(ep, decided: dict, sizes: frozenset, grouping: Grouping,
     node_keys: dict[str, str] = {}
     consts = HostConstants()
     graph = stateless_graph(ep, lambda n, g, env: DROP if n in sizes else _rewrite(
-        n, g, env, decided, specs, grouping, node_keys, consts, named))
+        n, g, env, decided, specs, grouping, node_keys, consts, named, portable))
     return graph, specs, node_keys, consts
 
 
 def _rewrite(node, g: torch.fx.Graph, env: dict, decided: dict, specs: list,
-             grouping: Grouping, node_keys: dict, consts: HostConstants, named: bool = False):
+             grouping: Grouping, node_keys: dict, consts: HostConstants, named: bool = False,
+             portable: bool = False):
     if node.op == "call_function" and is_assert(node):
         return DROP  # checked by the runtime's input specs instead
     if node.target is operator.getitem and node.args[0] in grouping.values:
@@ -76,7 +79,7 @@ def _rewrite(node, g: torch.fx.Graph, env: dict, decided: dict, specs: list,
     where, reason = decided.get(node, (COMPILED, ""))
     if where != KERNEL_CALL:
         # None: copied as it is
-        return compiled_forms.emit(node, g, env, named)
+        return compiled_forms.emit(node, g, env, named, portable)
     spec, operands, scalars, _ = _kernel_call_spec(node, env, f"call_{len(specs)}", reason, consts)
     ins = "t" * len(spec.crossing) + "".join(spec.scalar_inputs)
     new = g.call_function(kernel_call_op(ins, spec.out_kinds),

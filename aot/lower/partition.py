@@ -90,7 +90,7 @@ def partition(imported: ImportedProgram, target: Target,
               policy: PlacementPolicy = PlacementPolicy(),
               cache: CoverageCache | None = None,
               demoted: dict[str, str] | None = None,
-              assume=None) -> PartitionedProgram:
+              assume=None, portable: bool = False) -> PartitionedProgram:
     """Place every op and outline the kernel calls.
 
     Args:
@@ -102,6 +102,8 @@ def partition(imported: ImportedProgram, target: Target,
             whole-program compile (see ``recover``): they become kernel calls.
         assume: ``coverage.Assumed``: ATen ops not yet probed are assumed to lower
             (the caller compiles the program, confirms, or partitions again without).
+        portable: for a portable export (``--emit stablehlo``): compiled ops stay as
+            written, not in the forms IREE runs well (``compiled_forms``).
     Returns:
         PartitionedProgram.
     Raises:
@@ -114,7 +116,7 @@ def partition(imported: ImportedProgram, target: Target,
     grouping = (Grouping.find(ep, decided, sizes) if policy.group
                 else Grouping({}, {}, frozenset(sizes)))
     graph, specs, node_keys, consts = rewrite_graph(ep, decided, sizes, grouping,
-                                                    named_kernels(target))
+                                                    named_kernels(target), portable)
     whole = single_call(graph)
     module = expand(outline_kernel_calls(import_graph(graph), specs))
     on_cpu = set()

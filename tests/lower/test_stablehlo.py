@@ -171,6 +171,40 @@ def test_an_op_without_a_stablehlo_lowering_falls_back_with_torch_mlirs_error():
 
 
 @pytest.mark.slow
+class ConvNet(torch.nn.Module):
+    """A 1x1, a 3x3, a strided depthwise 5x5 and a linear layer: each has a form IREE
+    runs well (``compiled_forms``), which a portable export must not carry."""
+
+    def __init__(self):
+        super().__init__()
+        self.a = torch.nn.Conv2d(8, 16, 1)
+        self.b = torch.nn.Conv2d(16, 16, 3, padding=1)
+        self.c = torch.nn.Conv2d(16, 16, 5, stride=2, padding=2, groups=16)
+        self.fc = torch.nn.Linear(16, 4)
+
+    def forward(self, x):
+        y = self.c(torch.relu(self.b(self.a(x))))
+        return self.fc(y.mean(dim=(2, 3)))
+
+
+def test_the_portable_export_keeps_convolutions_as_written():
+    """``export_stablehlo`` is for any StableHLO consumer: convolutions stay
+    ``stablehlo.convolution`` (not IREE's matmul and multiply-add forms), the linear
+    layer one ``dot_general``; nothing is measured, nothing falls back. Compiling
+    through StableHLO with IREE still uses IREE's forms, and matches eager."""
+    m, x = ConvNet().eval(), torch.randn(1, 8, 16, 16)
+    text = aot.export_stablehlo(m, (x,))
+    assert text.count("stablehlo.convolution") == 3
+    assert text.count("stablehlo.dot_general") == 1 and "custom_call" not in text
+    cli = subprocess.run([sys.executable, "-m", "aot.cli", "compile", "resnet18", "--emit",
+                          "stablehlo"], capture_output=True, text=True, timeout=600)
+    assert cli.returncode == 0, cli.stderr
+    assert cli.stdout.count("stablehlo.convolution") == 20  # every convolution of ResNet18
+    cm = aot.compile(m, (x,), via="stablehlo", placement="coverage")
+    with torch.no_grad():
+        torch.testing.assert_close(cm(x), m(x), rtol=1e-4, atol=1e-4)
+
+
 def test_resnet18_through_stablehlo():
     from aot.models.resnet18 import resnet18
     m, (x,) = resnet18()
