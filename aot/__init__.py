@@ -4,7 +4,7 @@ The pipeline, one stage per module::
 
     import_model   (aot.importer)        nn.Module -> ImportedProgram
     partition      (aot.lower.partition) -> PartitionedProgram (placements, kernel calls)
-    compile_program(aot.lower.compile)   -> CompiledArtifact (.vmfb + manifest)
+    compile_program(aot.lower.backend)   -> CompiledArtifact (.vmfb + manifest)
     (compile_model chains partition + compile_program, retrying when IREE fails
     on a fusion of ops that lower alone: aot.lower.recover)
     CompiledModule (aot.runtime)         load + run, kernel calls via aot.fallback
@@ -87,7 +87,7 @@ def compile(model, args=(), *, example_kwargs=None, target: str = "cpu", fallbac
     from .lower.targets import get_target
 
     if isinstance(plan, str):
-        from .lower.regions import read_plan
+        from .plan import read_plan
         plan = read_plan(plan)
     policy = PlacementPolicy.make(fallback, fallback_ops, placement, plan)
     tgt = get_target(target, tuple(extra_flags), profile, via)

@@ -40,11 +40,12 @@ from typing import TYPE_CHECKING, Any
 
 from .errors import ArtifactError
 from .limits import check_document, read_json
+from .manifest_check import check_manifest
 
 if TYPE_CHECKING:
     import torch
     import torch.utils._pytree as pytree
-__all__ = ["FORMAT_VERSION", "CompiledArtifact", "load_artifact", "dump_treespec", "load_treespec"]
+__all__ = ["FORMAT_VERSION", "CompiledArtifact", "load_artifact"]
 
 MAGIC = b"AOTART\n"
 FORMAT_VERSION = 3
@@ -113,36 +114,6 @@ def pack_constants(tensors: dict[str, "torch.Tensor"]) -> tuple[dict, bytes]:
         parts += [data, b"\0" * pad]
         offset += len(data) + pad
     return table, b"".join(parts)
-
-
-def dump_treespec(spec: "pytree.TreeSpec") -> str:
-    """A pytree spec as the manifest holds it (``torch.return_types`` included)."""
-    import torch.utils._pytree as pytree
-    _name_return_types()
-    return pytree.treespec_dumps(spec)
-
-
-def load_treespec(text: str) -> "pytree.TreeSpec":
-    import torch.utils._pytree as pytree
-    _name_return_types()
-    return pytree.treespec_loads(text)
-
-
-def _name_return_types() -> None:
-    """Give ``torch.return_types`` (``sort``, ``topk``, ``max``...) serialization names
-    where this torch registered them without (torch before 2.15): a program returning
-    ``torch.sort(x)`` must save and load like any other."""
-    import torch.utils._pytree as pytree
-    named = getattr(pytree, "SUPPORTED_SERIALIZED_TYPES", {})
-    # all_return_types leaves out the private ones (``_lu_with_info``): every class of
-    # the module that pytree knows
-    for cls, entry in list(named.items()):
-        if getattr(cls, "__module__", None) != "torch.return_types" or \
-                entry.serialized_type_name != pytree.NO_SERIALIZED_TYPE_NAME_FOUND:
-            continue
-        name = f"torch.return_types.{cls.__name__}"
-        named[cls] = entry._replace(serialized_type_name=name)
-        pytree.SERIALIZED_TYPE_TO_PYTHON_TYPE[name] = cls
 
 
 def pinned_sha256(sha256: Any) -> str | None:
@@ -238,7 +209,6 @@ def _validate(manifest: Any, vmfb: bytes, path: str, constants: bytes = b"") -> 
     if manifest["format_version"] not in _READS:
         raise ArtifactError(f"{path!r}: manifest format {manifest['format_version']} is not "
                             f"one of {_READS}")
-    from .manifest_check import check_manifest
     check_manifest(manifest, len(constants), path)
     if manifest.get("host_constants") and \
             hashlib.sha256(constants).hexdigest() != manifest.get("constants_sha256"):

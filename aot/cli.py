@@ -122,14 +122,15 @@ def cmd_compile(args) -> int:
     from . import progress
     from .importer import ImportOptions, import_model
     progress.show()
-    from .lower.compile import compile_model, prepare
+    from .lower.compile import compile_model
+    from .lower.prepare import prepare
     from .lower.partition import partition, torch_mlir
     from .lower.placement import PlacementPolicy
     from .lower.targets import get_target
 
     plan = None
     if args.plan:
-        from .lower.regions import read_plan
+        from .plan import read_plan
         plan = read_plan(args.plan)
     if args.parameters and args.emit != "vmfb":
         from .errors import CompileFailed
@@ -194,7 +195,7 @@ def cmd_compile(args) -> int:
     from .artifact import file_sha256
     print(f"sha256: {file_sha256(out)}")  # what `aot run --sha256` / aot.load(sha256=) pin
     if args.save_plan:
-        from .lower.regions import plan_of
+        from .plan import plan_of
         with open(args.save_plan, "w") as f:
             json.dump(plan_of(art.manifest), f, indent=1)
         _step(f"wrote the placement plan to {args.save_plan}")
@@ -327,7 +328,7 @@ def cmd_demo(args) -> int:
 
 
 def cmd_bench(args) -> int:
-    from aot.bench import suite
+    from aot.bench import driver, suite
     models = suite.expand(args.models.split(","), suite.MODEL_SETS) if args.models else list(
         suite.QUICK_MODELS if args.quick else suite.DEFAULT_MODELS)
     systems = suite.expand(args.systems.split(","), suite.SYSTEM_SETS) if args.systems else \
@@ -343,7 +344,7 @@ def cmd_bench(args) -> int:
               f"outputs so far in {args.out}")
 
     try:
-        rows = suite.run_suite(models, systems, runs, warmup=2 if args.quick else 5,
+        rows = driver.run_suite(models, systems, runs, warmup=2 if args.quick else 5,
                                target=args.target, log=_step, min_seconds=min_s,
                                on_model=partial, in_process=args.in_process)
     except ValueError as e:

@@ -179,7 +179,7 @@ def _spec(m: dict, key: str, leaves: int) -> None:
     try:
         n = tree.num_leaves
         if _torch() is not None:  # its pytree also knows every container type named
-            from .artifact import load_treespec
+            from .treespec import load_treespec
             load_treespec(s)
     except Exception as e:  # noqa: BLE001
         raise _Bad(key, f"not a pytree spec ({type(e).__name__}: {e})")

@@ -4,7 +4,7 @@ The manifest keeps the model's input structure (``(args, kwargs)``) and output
 structure as torch's pytree serialization (``torch.utils._pytree.treespec_dumps``,
 protocol 1): JSON ``[1, node]``, each node ``{"type": "builtins.tuple", "context":
 <JSON text>, "children_spec": [nodes]}``, a leaf being a node without a type. The
-torch runtime reads them with torch's pytree (``aot.artifact.load_treespec``); the
+torch runtime reads them with torch's pytree (``load_treespec``); the
 manifest check and the torch-free runtime (``aot.runtime.numpy_module``) with this
 module, which counts the leaves of any spec and flattens and rebuilds the containers
 plain Python has: tuples, lists, dicts (in the spec's key order) and None.
@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from functools import cached_property
 from typing import Any
 
-__all__ = ["TreeSpec", "structure_error"]
+__all__ = ["TreeSpec", "structure_error", "dump_treespec", "load_treespec"]
 
 # the defaultdict factories torch's pytree may import (any other names a module)
 _FACTORIES = ("list", "dict", "set", "int", "float", "str", "tuple")
@@ -154,3 +154,35 @@ def structure_error(n_args: int, kwarg_names, args, kwargs, expected: str) -> st
                 f"{sorted(kwarg_names) or 'none'}, got {len(args)} positional and "
                 f"{sorted(kwargs) or 'none'}")
     return f"input structure differs from the example inputs: expected {expected}"
+
+
+# torch's pytree, for the torch runtime and the compiler (imported only here)
+
+def dump_treespec(spec: "pytree.TreeSpec") -> str:
+    """A pytree spec as the manifest holds it (``torch.return_types`` included)."""
+    import torch.utils._pytree as pytree
+    _name_return_types()
+    return pytree.treespec_dumps(spec)
+
+
+def load_treespec(text: str) -> "pytree.TreeSpec":
+    import torch.utils._pytree as pytree
+    _name_return_types()
+    return pytree.treespec_loads(text)
+
+
+def _name_return_types() -> None:
+    """Give ``torch.return_types`` (``sort``, ``topk``, ``max``...) serialization names
+    where this torch registered them without (torch before 2.15): a program returning
+    ``torch.sort(x)`` must save and load like any other."""
+    import torch.utils._pytree as pytree
+    named = getattr(pytree, "SUPPORTED_SERIALIZED_TYPES", {})
+    # all_return_types leaves out the private ones (``_lu_with_info``): every class of
+    # the module that pytree knows
+    for cls, entry in list(named.items()):
+        if getattr(cls, "__module__", None) != "torch.return_types" or \
+                entry.serialized_type_name != pytree.NO_SERIALIZED_TYPE_NAME_FOUND:
+            continue
+        name = f"torch.return_types.{cls.__name__}"
+        named[cls] = entry._replace(serialized_type_name=name)
+        pytree.SERIALIZED_TYPE_TO_PYTHON_TYPE[name] = cls

@@ -17,12 +17,11 @@ from __future__ import annotations
 
 import argparse
 import platform
-import statistics
-import time
 
 import torch
 
 import aot
+from aot import timing
 from aot.artifact import CompiledArtifact
 from aot.runtime.module import CompiledModule
 
@@ -46,19 +45,9 @@ def on_driver(cm, driver: str) -> CompiledModule:
 
 def interleaved_us(mods: dict, x, rounds: int, block: int) -> dict:
     """Median microseconds per call of each module, blocks of calls interleaved."""
-    for m in mods.values():
-        for _ in range(20):
-            m(x)
-    samples = {k: [] for k in mods}
-    names = list(mods)
-    for r in range(rounds):
-        for k in names[r % len(names):] + names[:r % len(names)]:
-            m = mods[k]
-            t0 = time.perf_counter()
-            for _ in range(block):
-                m(x)
-            samples[k].append((time.perf_counter() - t0) / block * 1e6)
-    return {k: statistics.median(v) for k, v in samples.items()}
+    samples = timing.interleaved({k: (lambda m=m: m(x)) for k, m in mods.items()}, rounds,
+                                 warmup=20, per_call=block)
+    return {k: v * 1e3 for k, v in timing.medians(samples).items()}
 
 
 def main():

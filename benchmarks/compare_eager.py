@@ -11,12 +11,12 @@ from __future__ import annotations
 import argparse
 import os
 import platform
-import statistics
 import time
 
 import torch
 
 import aot
+from aot import timing
 from aot import models
 
 
@@ -31,14 +31,9 @@ def main():
     cm = aot.compile(model, example, fallback=a.fallback)
     compile_s = time.perf_counter() - t0
     with torch.no_grad():
-        for _ in range(3):
-            model(*example)
-            cm(*example)
-        eager, ours = [], []
-        for _ in range(a.runs):
-            t = time.perf_counter(); model(*example); eager.append(time.perf_counter() - t)
-            t = time.perf_counter(); cm(*example); ours.append(time.perf_counter() - t)
-    e, o = statistics.median(eager) * 1e3, statistics.median(ours) * 1e3
+        med = timing.medians(timing.interleaved(
+            {"eager": lambda: model(*example), "aot": lambda: cm(*example)}, a.runs, warmup=3))
+    e, o = med["eager"], med["aot"]
     kc = len(cm.kernel_calls)
     print(f"machine: {platform.machine()} {os.cpu_count()} cores, torch {torch.__version__}, "
           f"{torch.get_num_threads()} threads")

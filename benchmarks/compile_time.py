@@ -34,10 +34,13 @@ def worker(model: str, system: str) -> dict:
     import logging
     import time
 
-    from aot.bench.suite import load_model
-    model_, example, _ = load_model(model, "cpu")
+    try:
+        from aot.bench import peers, suite
+    except ImportError:  # a tree from before the bench driver moved into aot
+        from benchmarks import peers, suite
+    model_, example, _ = suite.load_model(model, "cpu")
     if system == "onnxruntime":
-        from aot.bench.peers import build_peer
+        build_peer = peers.build_peer
         t0 = time.perf_counter()
         build_peer("onnxruntime", model_, example, "cpu")
         return {"seconds": time.perf_counter() - t0}
@@ -54,7 +57,8 @@ def worker(model: str, system: str) -> dict:
         finally:
             runs.append(time.perf_counter() - t)
     iree_compile.try_compile = counted
-    for mod in ("aot.lower.compile", "aot.lower.coverage", "aot.lower.cost", "aot.lower.regions"):
+    for mod in ("aot.lower.compile", "aot.lower.backend", "aot.lower.coverage", "aot.lower.cost",
+                "aot.lower.regions", "aot.lower.specialize"):
         m = sys.modules.get(mod) or __import__(mod, fromlist=["_"])
         if getattr(m, "try_compile", None) is real:
             m.try_compile = counted

@@ -20,12 +20,12 @@ from __future__ import annotations
 
 import argparse
 import os
-import statistics
 import sys
-import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
+
+from aot import timing  # noqa: E402
 
 TINY = 1.1754943508222875e-38  # the smallest normal float32
 
@@ -49,13 +49,7 @@ def _denormal_share(model, args) -> tuple[int, int]:
 
 
 def _median_ms(fn, n: int) -> float:
-    fn()
-    xs = []
-    for _ in range(n):
-        t = time.perf_counter()
-        fn()
-        xs.append((time.perf_counter() - t) * 1e3)
-    return statistics.median(xs)
+    return timing.median_ms(fn, n, warmup=1)
 
 
 def _torchvision_init(name: str):

@@ -27,6 +27,8 @@ import torch
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
+from aot import timing  # noqa: E402
+
 
 def _compile(model, example, named: bool):
     import aot
@@ -59,24 +61,17 @@ def main(argv=None) -> int:
         model, example, _ = load_model(name, "cpu")
         mods = {form: _compile(model, example, form == "channels-last")
                 for form in ("channels-last", "shifted")}
-        samples = {form: [] for form in mods}
         with torch.no_grad():
             ref = model(*example)
             for form, (cm, _) in mods.items():
                 torch.testing.assert_close(cm(*example), ref, rtol=1e-4, atol=1e-4)
                 for _ in range(20):
                     cm(*example)
-            for r in range(args.rounds):
-                for form in (list(mods) if r % 2 else list(mods)[::-1]):
-                    cm = mods[form][0]
-                    for _ in range(3):
-                        cm(*example)
-                    for _ in range(args.block):
-                        t0 = time.perf_counter()
-                        cm(*example)
-                        samples[form].append(time.perf_counter() - t0)
+            samples = timing.interleaved(
+                {form: (lambda cm=cm: cm(*example)) for form, (cm, _) in mods.items()},
+                args.rounds, args.block, warm_s=0.005)
         for form, v in samples.items():
-            v = sorted(x * 1e3 for x in v)
+            v = sorted(v)
             row = {"model": name, "form": form, "compile_s": round(mods[form][1], 1),
                    "median_ms": round(statistics.median(v), 3), "p10_ms": round(v[len(v) // 10], 3),
                    "p90_ms": round(v[9 * len(v) // 10], 3)}

@@ -52,7 +52,7 @@ def compiled_program(name: str, placement: str, flags: list[str]):
     """``(mlir, target, example)`` of bench model ``name``, partitioned as aot.compile does."""
     import torch  # noqa: F401
     from aot.importer import import_model
-    from aot.lower.compile import prepare
+    from aot.lower.prepare import prepare
     from aot.lower.partition import partition
     from aot.lower.placement import PlacementPolicy
     from aot.lower.targets import get_target

@@ -18,13 +18,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import tempfile
 import time
 
 import torch
 
 import aot
+from aot import timing
 from aot.importer.dynamic import resized
 from aot.bench import suite
 
@@ -37,15 +37,8 @@ def _at_batch(example: tuple, n: int) -> tuple:
 
 
 def _interleaved(fns: dict, args: tuple, runs: int) -> dict[str, float]:
-    samples = {k: [] for k in fns}
-    for _ in range(runs):
-        for k, f in fns.items():
-            suite._warm(f, args, lambda: None)
-            t = time.perf_counter()
-            for _ in range(suite.BLOCK):
-                f(*args)
-            samples[k].append((time.perf_counter() - t) * 1e3 / suite.BLOCK)
-    return {k: statistics.median(v) for k, v in samples.items()}
+    return timing.medians(timing.interleaved({k: (lambda f=f: f(*args)) for k, f in fns.items()},
+                                             runs, warm_s=suite.WARM_S, per_call=suite.BLOCK))
 
 
 def sweep(name: str, batches: list[int], runs: int, log) -> dict:

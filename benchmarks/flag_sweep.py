@@ -21,7 +21,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import torch  # noqa: E402
 
 import aot  # noqa: E402
-import models  # noqa: E402
+from aot import models, timing  # noqa: E402
 
 CANDIDATES = {
     "base": [],
@@ -54,15 +54,9 @@ def main(argv=None) -> int:
             print(f"{n}: compiled in {time.perf_counter() - t0:.1f}s", flush=True)
         except aot.AotError as e:
             print(f"{n}: failed: {str(e).splitlines()[0][:200]}", flush=True)
-    times = {k: [] for k in fns}
     with torch.no_grad():
-        for f in fns.values():
-            f(*example)
-        for _ in range(a.runs):
-            for k, f in fns.items():
-                t = time.perf_counter()
-                f(*example)
-                times[k].append((time.perf_counter() - t) * 1e3)
+        times = timing.interleaved({k: (lambda f=f: f(*example)) for k, f in fns.items()},
+                                   a.runs, warmup=1)
     e = statistics.median(times["eager"])
     print(f"{a.model} on {a.target}, median of {a.runs} interleaved runs:")
     for k, v in times.items():

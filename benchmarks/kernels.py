@@ -32,18 +32,11 @@ import time
 
 import torch
 
+from aot import timing
+
 
 def _interleaved(fns: dict, runs: int) -> dict:
-    for f in fns.values():
-        for _ in range(3):
-            f()
-    samples = {k: [] for k in fns}
-    for _ in range(runs):
-        for k, f in fns.items():
-            t = time.perf_counter()
-            f()
-            samples[k].append(time.perf_counter() - t)
-    return {k: statistics.median(v) * 1e3 for k, v in samples.items()}
+    return timing.medians(timing.interleaved(fns, runs, warmup=3))
 
 
 def resnet18_convs(runs: int) -> None:

@@ -15,9 +15,7 @@ from __future__ import annotations
 
 import argparse
 import os
-import statistics
 import sys
-import time
 import warnings
 
 import torch
@@ -25,10 +23,12 @@ import torch
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
+from aot import timing  # noqa: E402
+
 
 def main(argv=None) -> int:
     import aot
-    from models import get
+    from aot.models import get
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rounds", type=int, default=15)
     ap.add_argument("--block", type=int, default=5)
@@ -42,14 +42,9 @@ def main(argv=None) -> int:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
                 torch.testing.assert_close(cm(inp), want, rtol=1e-4, atol=1e-4)
-        times = {k: [] for k in xs}
-        for r in range(a.rounds):
-            for name in (list(xs) if r % 2 == 0 else list(xs)[::-1]):
-                for _ in range(a.block):
-                    t = time.perf_counter()
-                    cm(xs[name])
-                    times[name].append((time.perf_counter() - t) * 1e3)
-    med = {k: statistics.median(v) for k, v in times.items()}
+        times = timing.interleaved({k: (lambda v=v: cm(v)) for k, v in xs.items()}, a.rounds,
+                                   a.block)
+    med = timing.medians(times)
     region = (cm.manifest.get("region") or {}).get("chosen")
     print(f"ResNet18 b1, region {region}, {os.cpu_count()} cores, torch {torch.__version__}")
     for k, v in med.items():

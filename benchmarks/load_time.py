@@ -20,19 +20,20 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PHASES = ("manifest checks", "load_artifact", "aot.load")
 
 
 def _median_ms(fn, repeat: int) -> float:
-    times = []
-    for _ in range(repeat):
-        t = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t)
-    return statistics.median(times) * 1e3
+    try:
+        from aot import timing
+    except ImportError:  # a tree from before aot.timing: this checkout's, loaded by its path
+        import importlib.util
+        spec = importlib.util.spec_from_file_location("_timing", os.path.join(ROOT, "aot", "timing.py"))
+        timing = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(timing)
+    return timing.median_ms(fn, repeat, warmup=0)
 
 
 def worker(paths: list[str], repeat: int) -> dict:
@@ -72,7 +73,7 @@ def _label(tree: str) -> str:
 
 def _artifacts(folder: str) -> list[str]:
     import aot
-    from models import resnet18
+    from aot.models import resnet18
     model, (x,) = resnet18.resnet18()
     paths = []
     for name, kwargs in (("resnet18-coverage.aot", {"placement": "coverage"}),

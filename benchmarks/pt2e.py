@@ -26,7 +26,7 @@ import torch  # noqa: E402
 import aot  # noqa: E402
 from aot.bench.report import machine_info, publish, speedups, table_head  # noqa: E402
 from benchmarks.quantized_resnet18 import latency  # noqa: E402
-from models import pt2e  # noqa: E402
+from aot.models import pt2e  # noqa: E402
 
 BUILDERS = {"resnet18": lambda size: pt2e.resnet18(size=size, batch=1),
             "mobilenet_v2": lambda size: pt2e.mobilenet_v2(size=size, batch=1),

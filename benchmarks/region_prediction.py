@@ -43,7 +43,7 @@ def _model(name: str):
         import torchvision
         torch.manual_seed(0)
         return getattr(torchvision.models, name)().eval(), (torch.randn(1, 3, 224, 224),)
-    from models import get
+    from aot.models import get
     return get(name)
 
 

@@ -133,7 +133,7 @@ def run_model_isolated(name: str, systems, runs: int, warmup: int, target: str,
                        faults: dict[str, str] | None = None,
                        build_timeout_s: float = BUILD_TIMEOUT_S,
                        block_timeout_s: float = BLOCK_TIMEOUT_S) -> list[Row]:
-    """``suite.run_model`` with one worker process per system, interleaved round by round.
+    """``driver.run_model`` with one worker process per system, interleaved round by round.
 
     ``faults`` is for tests: system -> ``build`` (its worker raises instead of
     building), ``exit`` or ``hang`` (its worker times eager's callable and exits, or

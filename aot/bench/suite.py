@@ -30,7 +30,7 @@ small Llama) and timm models (``aot/models/timm_zoo.py``). ``MODEL_SETS`` names 
 
 Processes: each system is built and timed in its own worker process, and a
 coordinator (this process) interleaves them round by round, one worker running at a
-time while the others sleep on their pipes (``benchmarks/isolated.py``): the thread
+time while the others sleep on their pipes (``aot.bench.isolated``): the thread
 pools of ONNX Runtime, OpenVINO, IREE and torch's OpenMP would otherwise share the
 cores and slow whichever system runs next. ``in_process=True`` (``aot bench
 --in-process``) builds and times all systems in this process instead, to reproduce
@@ -72,7 +72,9 @@ from typing import Callable
 
 import torch
 
-__all__ = ["BENCH_MODELS", "MODEL_SETS", "SYSTEMS", "Row", "run_suite", "run_model",
+from .. import timing
+
+__all__ = ["BENCH_MODELS", "MODEL_SETS", "SYSTEMS", "Row",
            "machine_info", "write_outputs"]
 
 SYSTEMS = ("eager", "eager-heap", "inductor", "inductor-freezing", "aotinductor", "onnxruntime", "openvino",
@@ -338,19 +340,21 @@ def time_block(fn, example, sync, counter=None) -> tuple[list[float], float, int
 
     ``(samples in ms, peak resident memory a call added in MB, kernel calls the timed
     calls made, None without a counter)``."""
-    _warm(fn, example, sync)  # untimed: threads wake up, caches refill
-    counted = counter.kernel_call_count if counter is not None else 0
-    samples, peak = [], 0.0
-    for _ in range(BLOCK):
+    counted, peak = None, 0.0
+
+    def around():
+        nonlocal counted
+        if counted is None and counter is not None:  # the timed calls' kernel calls only
+            counted = counter.kernel_call_count
         _reset_peak_rss()
         before = _status_mb("VmRSS") or 0.0
-        sync()
-        t = time.perf_counter()
-        fn(*example)
-        sync()
-        samples.append((time.perf_counter() - t) * 1e3)
-        # memory the call itself needed on top of what was resident before it
-        peak = max(peak, (_status_mb("VmHWM") or before) - before)
+
+        def after():  # memory the call itself needed on top of what was resident before it
+            nonlocal peak
+            peak = max(peak, (_status_mb("VmHWM") or before) - before)
+        return after
+    # untimed calls first: threads wake up, caches refill
+    samples = timing.block(lambda: fn(*example), BLOCK, warm_s=WARM_S, sync=sync, around=around)
     calls = counter.kernel_call_count - counted if counter is not None else None
     return samples, peak, calls
 
@@ -376,105 +380,6 @@ def finish_rows(rows: dict, samples: dict, peaks: dict, calls: dict) -> list[Row
         if eager and eager.median_ms and r.median_ms:
             r.speed_vs_eager = eager.median_ms / r.median_ms
     return list(rows.values())
-
-
-def run_model(name: str, systems, runs: int, warmup: int, target: str,
-              log: Callable[[str], None], min_seconds: float = 0.0,
-              in_process: bool = False) -> list[Row]:
-    """At least ``runs`` timed calls per system in interleaved blocks, more until every
-    system ran ``min_seconds``: each system in its own worker process
-    (``benchmarks/isolated.py``), or all in this one with ``in_process``."""
-    if not in_process:
-        from .isolated import run_model_isolated
-        return run_model_isolated(name, systems, runs, warmup, target, log, min_seconds)
-    return run_model_in_process(name, systems, runs, warmup, target, log, min_seconds)
-
-
-def run_model_in_process(name: str, systems, runs: int, warmup: int, target: str,
-                         log: Callable[[str], None], min_seconds: float = 0.0) -> list[Row]:
-    """``run_model`` with every system built and timed in this process (their thread
-    pools share it: what one leaves spinning slows the next)."""
-    model, example, batch = load_model(name, target)
-    rows, fns, counters = {}, {}, {}
-    for s in systems:
-        rows[s] = Row(name, s, target, batch, pid=os.getpid())
-        log(f"{name}: building {s} ...")
-        try:
-            fn, secs, counter = _build(s, model, example, target)
-        except Exception as e:  # a system that cannot run this model is a row, not a crash
-            rows[s].skipped = _first_line(e)
-            log(f"{name}: {s} skipped ({rows[s].skipped})")
-            continue
-        fns[s], counters[s] = fn, counter
-        rows[s].choice = choice(counter)
-        rows[s].compile_s = round(secs, 2)
-    sync = torch.cuda.synchronize if target == "cuda" else (lambda: None)
-    samples = {s: [] for s in fns}
-    peaks = {s: 0.0 for s in fns}
-    calls = {s: None if counters[s] is None else 0 for s in fns}
-    with torch.no_grad():
-        want = model(*example)
-        for s, fn in fns.items():
-            rows[s].rel_err = _rel_err(fn(*example), want)
-            if rows[s].rel_err > REL_TOL:
-                log(f"{name}: {s} differs from eager ({rows[s].rel_err:.1e} of the output's "
-                    "magnitude)")
-            for _ in range(warmup):
-                fn(*example)
-        log(f"{name}: timing {len(fns)} systems x {runs}+ runs in interleaved blocks, "
-            "in this process ...")
-        done = 0
-        while True:
-            active = [s for s in fns if wants_more(samples[s], runs, min_seconds)]
-            if not active:
-                break
-            # the order rotates every round, so each system follows each other one
-            # equally often (a call runs slower right after IREE's worker threads ran)
-            k = done % len(active)
-            done += 1
-            for s in active[k:] + active[:k]:
-                xs, peak, n = time_block(fns[s], example, sync, counters[s])
-                samples[s] += xs
-                peaks[s] = max(peaks[s], peak)
-                if n is not None:
-                    calls[s] += n
-    return finish_rows(rows, samples, peaks, calls)
-
-
-def _warm(fn, example, sync) -> None:
-    """Untimed calls for at least ``WARM_S``, one at least."""
-    t0 = time.perf_counter()
-    while True:
-        fn(*example)
-        sync()
-        if time.perf_counter() - t0 >= WARM_S:
-            return
-
-
-def run_suite(models, systems, runs: int, warmup: int, target: str,
-              log: Callable[[str], None] = print, min_seconds: float = 0.0,
-              on_model: Callable[[list[Row]], None] | None = None,
-              in_process: bool = False) -> list[Row]:
-    """Time ``systems`` on ``models``, each system in its own worker process (all in this
-    one with ``in_process``); ``on_model(rows so far)`` runs after each model (``aot
-    bench`` writes its outputs there, so an interrupted run keeps what it measured)."""
-    unknown = [m for m in models if m not in BENCH_MODELS]
-    if unknown:
-        raise ValueError(f"unknown benchmark model(s) {unknown}; choose from {sorted(BENCH_MODELS)}")
-    bad = [s for s in systems if s not in SYSTEMS]
-    if bad:
-        raise ValueError(f"unknown system(s) {bad}; choose from {list(SYSTEMS)}")
-    rows = []
-    for m in models:
-        try:
-            rows += run_model(m, systems, runs, warmup, target, log, min_seconds,
-                              in_process)
-        except Exception as e:  # e.g. torchvision missing for the int8 model
-            rows += [Row(m, s, target, 0, skipped=_first_line(e)) for s in systems]
-            log(f"{m}: skipped ({_first_line(e)})")
-        if on_model is not None:
-            on_model(rows)
-    return rows
 
 
 def _fmt(v, spec):

@@ -15,19 +15,14 @@ from __future__ import annotations
 from typing import Callable
 
 import torch
+from torch._decomp import decomposition_table
+
+from . import int8_decompositions  # noqa: F401  (registers the aot_q lowerings)
+from .registry import IREE_DECOMPOSITIONS, register_decomposition
 
 __all__ = ["IREE_DECOMPOSITIONS", "register_decomposition", "decomposition_for"]
 
 aten = torch.ops.aten
-IREE_DECOMPOSITIONS: dict[torch._ops.OpOverload, Callable] = {}
-
-
-def register_decomposition(op: torch._ops.OpOverload):
-    """Decorator adding ``fn`` as our decomposition of ``op``."""
-    def wrap(fn):
-        IREE_DECOMPOSITIONS[op] = fn
-        return fn
-    return wrap
 
 
 # torch decompositions whose ops' metadata disagree with what their kernels return
@@ -45,12 +40,10 @@ def _random(op) -> bool:
 
 def decomposition_for(op) -> Callable | None:
     """Our decomposition if we have one, else torch's (if functional), else None."""
-    from . import int8_decompositions  # noqa: F401  (registers the aot_q lowerings)
     if op in IREE_DECOMPOSITIONS:
         return IREE_DECOMPOSITIONS[op]
     if op in _UNRELIABLE or _random(op):
         return None
-    from torch._decomp import decomposition_table
     return decomposition_table.get(op)
 
 

@@ -37,7 +37,7 @@ import torch.nn.functional as F
 
 from ..errors import UnsupportedOp
 from ..fallback.quantized_ops import UNARY, requantizing_kernel  # (defines torch.ops.aot_q)
-from .decompositions import register_decomposition
+from .registry import register_decomposition
 
 __all__: list[str] = []
 aot_q = torch.ops.aot_q

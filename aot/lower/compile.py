@@ -1,53 +1,43 @@
-"""compile_program: PartitionedProgram -> CompiledArtifact.
+"""compile_model: ImportedProgram -> CompiledArtifact, the driver.
 
-Third link of the chain: runs IREE on the outlined module for the target and
-writes the manifest the runtime needs (nothing in it requires the compiler).
-``compile_model`` drives partition + compile for an ImportedProgram and, under
-``fallback="auto"``, recovers from IREE failing on a combination of ops that
-each lower alone: the ops its errors point at become kernel calls (``recover``)
-and the program is partitioned and compiled again.
+It prepares the graph (``prepare``), partitions it (``partition``), has IREE compile it
+(``backend``) with its variants beside it, and, with an example, measures the
+candidates end to end (``regions``). Under ``fallback="auto"`` it recovers from IREE
+failing on a combination of ops that each lower alone: the ops its errors point at
+become kernel calls (``recover``) and the program is partitioned and compiled again.
+``stablehlo_module`` is the portable StableHLO export.
 """
 
 from __future__ import annotations
 
 import concurrent.futures
-import hashlib
-import re
+import dataclasses
+import logging
 import time
 
 import torch
 
-from ..artifact import FORMAT_VERSION, CompiledArtifact, dump_treespec, pack_constants
-from ..fallback import heap
-from ..fallback.executor import ExecOptions
-from ..fallback.quantized_ops import compile_engine
-from ..torch_tensor import TorchTensor
-import dataclasses
-import logging
-
+from ..artifact import CompiledArtifact
 from ..errors import AotError, CompileFailed, UnsupportedOp
 from ..importer.program import ImportedProgram
 from ..progress import step
 from . import host_program
-from .bool_fills import bool_fills
+from .backend import build_artifact, compile_input, host_artifact, iree_version
 from .cost import MEASURED_FASTER, CostCache, compiled_floor, handoff_ms
 from .coverage import Assumed, assumes_coverage
+from .decisions import heavy_nodes
 from .iree_compile import compile_error, discard_dump, first_error, try_compile
 from .partition import PartitionedProgram, partition
-from .placement import KERNEL_CALL, Placement, PlacementPolicy, op_name
-from ..importer.locations import node_location
-from .fold_bn import fold_batch_norm
-from .fold_constants import fold_constants
+from .placement import PlacementPolicy
+from .prepare import prepare
 from .recover import blame, grow
-from .decisions import heavy_nodes
 from .regions import (aten_candidates, aten_far_ahead, choose_region, may_measure,
                       pick_variant, worth_measuring)
 from .specialize import specialize, worth_specializing
-from .tiling import DYNAMIC_UNSAFE, safe_for_dynamic, tiled_target, worth_tiling
 from .targets import Target
-from .threads import one_thread_calls
+from .tiling import DYNAMIC_UNSAFE, safe_for_dynamic, tiled_target, worth_tiling
 
-__all__ = ["compile_program", "compile_model", "prepare", "program_target", "stablehlo_module"]
+__all__ = ["compile_model", "program_target", "stablehlo_module"]
 log = logging.getLogger(__name__)
 _MAX_RECOVERY_ROUNDS = 4
 # at most this many kernel calls chosen by per-op measurement: also try all compiled
@@ -77,35 +67,9 @@ def program_target(imported: ImportedProgram, target: Target) -> Target:
     if imported.symbols and unsafe:
         log.warning("replacing %s by --iree-global-opt-data-tiling: IREE %s computes wrong "
                     "results with it on dynamic shapes (aot.lower.tiling.DYNAMIC_UNSAFE)",
-                    " ".join(unsafe), _iree_version())
+                    " ".join(unsafe), iree_version())
         target = dataclasses.replace(target, flags=safe_for_dynamic(tuple(target.flags)))
     return target
-
-
-def _iree_version() -> str:
-    try:
-        from importlib.metadata import version
-        return version("iree-base-compiler")
-    except Exception:
-        return "unknown"
-
-
-def compile_program(p: PartitionedProgram) -> CompiledArtifact:
-    """Compile the partitioned module for its target.
-
-    Args:
-        p: from ``aot.lower.partition``.
-    Returns:
-        CompiledArtifact (vmfb + manifest).
-    Raises:
-        CompileFailed: IREE rejected the module; the message has the first
-            diagnostic, the path of the dumped input IR and an iree-compile repro.
-    """
-    t0 = time.perf_counter()
-    vmfb, diag = try_compile(p.mlir, p.target)
-    if vmfb is None:
-        raise compile_error(p.mlir, p.target, diag, what=p.imported.name)
-    return _artifact(p, vmfb, time.perf_counter() - t0)
 
 
 def compile_model(imported: ImportedProgram, target: Target,
@@ -139,7 +103,7 @@ def compile_model(imported: ImportedProgram, target: Target,
         if policy.fallback == "none":
             raise UnsupportedOp(f"fallback='none', but compiled code cannot hold this program: "
                                 f"{reason}")
-        return _host_artifact(imported, target, policy, reason, t0)
+        return host_artifact(imported, target, policy, reason, t0)
     try:
         return _compile_split(imported, target, policy, example, t0)
     except Exception as e:
@@ -158,7 +122,7 @@ def compile_model(imported: ImportedProgram, target: Target,
         discard_dump(e)
         why = f"IREE could not compile it, however split ({first})"
         log.warning("%s: running %s as one ATen region", why, imported.name)
-        return _host_artifact(imported, target, policy, why[:400], t0)
+        return host_artifact(imported, target, policy, why[:400], t0)
 
 
 def stablehlo_module(imported: ImportedProgram, target: Target,
@@ -197,17 +161,6 @@ def stablehlo_module(imported: ImportedProgram, target: Target,
                         f"{first_error(diag)}")
 
 
-def prepare(imported: ImportedProgram, policy: PlacementPolicy) -> tuple[ImportedProgram, int]:
-    """The program as it is partitioned: batch norm folded into convolutions, constant
-    subgraphs folded, bool fills made explicit (not under ``fallback="all"``, which
-    stays bit-exact); and how many ops were folded."""
-    if policy.fallback == "all":
-        return imported, 0
-    ep, folded = fold_constants(fold_batch_norm(imported.exported))
-    bool_fills(ep)  # IREE truncates a bool fill value; ATen casts it
-    return dataclasses.replace(imported, exported=ep), folded
-
-
 def _compile_split(imported: ImportedProgram, target: Target, policy: PlacementPolicy,
                    example, t0: float) -> CompiledArtifact:
     imported, folded = prepare(imported, policy)
@@ -229,7 +182,7 @@ def _compile_split(imported: ImportedProgram, target: Target, policy: PlacementP
         with concurrent.futures.ThreadPoolExecutor(2) as pool:
             step("compiling %s with IREE: %d ops compiled, %d kernel calls", imported.name,
                  sum(pl.where == "compiled" for pl in p.placements), len(p.kernel_calls))
-            compiling = pool.submit(try_compile, _compile_input(p), target)
+            compiling = pool.submit(try_compile, compile_input(p), target)
             variant = _variant_program(imported, target, policy, demoted, p, assumed) \
                 if example is not None else None
             pending = pool.submit(_compile_variant, *variant) if variant else None
@@ -251,7 +204,7 @@ def _compile_split(imported: ImportedProgram, target: Target, policy: PlacementP
             # again from the text, for diagnostics that point at its lines (``blame``)
             vmfb, diag = try_compile(p.mlir, target)
         if vmfb is not None:
-            art = _artifact(p, vmfb, time.perf_counter() - t0)
+            art = build_artifact(p, vmfb, time.perf_counter() - t0)
             if example is not None and imported.symbols:
                 art, variants = _specialized(art, variants, imported, target, policy)
             if measuring:
@@ -394,118 +347,16 @@ def _without_calls_that_do_not_pay(p: PartitionedProgram, imported: ImportedProg
     return dataclasses.replace(q, policy=policy, placements=placements)
 
 
-def _compile_input(p: PartitionedProgram) -> str | bytes:
-    """What iree-compile reads: MLIR bytecode, where the weights are bytes (as text they
-    are hex, 690 MB for ViT-B/16, 2-3 s to print and as long to parse); the text where
-    torch-mlir reads it first (``via="stablehlo"``)."""
-    return p.bytecode() if p.target.via == "torch" else p.mlir
-
-
 def _compile_variant(name: str, p: PartitionedProgram, what: str) -> dict[str, CompiledArtifact]:
     """``{name: artifact}`` of a variant's program, or ``{}`` where IREE fails on it
     (compiled from bytecode: nothing is blamed on its failure)."""
     t0 = time.perf_counter()
     try:
-        vmfb, diag = try_compile(_compile_input(p), p.target)
+        vmfb, diag = try_compile(compile_input(p), p.target)
     except Exception as e:  # a variant that cannot be built is not a candidate
         log.info("no %s variant of %s: %s", name, what, e)
         return {}
     if vmfb is None:
         log.info("no %s variant of %s: %s", name, what, first_error(diag))
         return {}
-    return {name: _artifact(p, vmfb, time.perf_counter() - t0)}
-
-
-def _host_artifact(imported: ImportedProgram, target: Target, policy: PlacementPolicy,
-                   reason: str, t0: float) -> CompiledArtifact:
-    """The whole program as one ATen region run by the host (no IREE module)."""
-    entry, constants = host_program.record(imported, reason)
-    placements = [Placement(n.name, op_name(n.target), KERNEL_CALL,
-                            f"runs in the host program: {reason}", node_location(n), None,
-                            "host_program")
-                  for n in imported.exported.graph.nodes if n.op == "call_function"
-                  and isinstance(n.target, torch._ops.OpOverload)]
-    table, blob = pack_constants(constants)
-    manifest = _manifest(imported, target, policy, placements, [], None, b"", table, blob,
-                         time.perf_counter() - t0)
-    manifest["host_program"] = entry
-    manifest["executor"]["retained_heap_bytes"] = heap.planned_bytes([], target.driver,
-                                                                    host_program=True)
-    return CompiledArtifact(b"", manifest, blob)
-
-
-def _artifact(p: PartitionedProgram, vmfb: bytes, seconds: float) -> CompiledArtifact:
-    if p.imported.symbols:
-        _check_dynamic_signature(p)
-    table, blob = pack_constants(p.host_constants)
-    manifest = _manifest(p.imported, p.target, p.policy, p.placements, p.kernel_calls,
-                         p.whole_program_call, vmfb, table, blob, seconds)
-    return CompiledArtifact(vmfb, manifest, blob)
-
-
-_VTENSOR = re.compile(r"!torch\.vtensor<\[([^\]]*)\]")
-
-
-def _check_dynamic_signature(p: PartitionedProgram) -> None:
-    """The compiled ``main`` has a dynamic dimension (``?``) exactly where the program's
-    inputs and outputs follow a symbol: a compile step that fixed one to the example's
-    size would give a module that is wrong at every other size.
-
-    Raises:
-        CompileFailed: a dimension was fixed (then ``fallback="auto"`` runs the program
-            as one ATen region, which keeps every symbol).
-    """
-    head = next((ln for ln in p.mlir.splitlines() if "func.func @main(" in ln), "")
-    got = [[d.strip() for d in m.split(",")] if m else [] for m in _VTENSOR.findall(head)]
-    want = [["?" if isinstance(d, str) else str(d) for d in t.shape]
-            for t in (*p.imported.tensor_inputs, *p.imported.tensor_outputs)]
-    if got != want:
-        raise CompileFailed(f"{p.imported.name}: the compiled program's signature {got} lost a "
-                            f"dynamic dimension of {want} (a compile step fixed it to the "
-                            "example's size); not compiled that way")
-
-
-def _output_json(o) -> dict:
-    if isinstance(o, TorchTensor):
-        return o.to_json()
-    return {o[0]: o[1]}  # {"static": value} or {"scalar": kind}
-
-
-def _manifest(imported: ImportedProgram, target: Target, policy: PlacementPolicy, placements,
-              kernel_calls, whole_program_call, vmfb: bytes, table: dict, blob: bytes,
-              seconds: float) -> dict:
-    inputs = [i.to_json() if isinstance(i, TorchTensor) else {"static": i[1]}
-              for i in imported.flat_inputs]
-    return {
-        "format_version": FORMAT_VERSION,
-        "name": imported.name,
-        "target": target.name,
-        "via": target.via,
-        "driver": target.driver,
-        "flags": list(target.flags),
-        "cpu": target.cpu.to_json() if target.cpu is not None else None,
-        "torch_version": torch.__version__,
-        "iree_version": _iree_version(),
-        "inputs": inputs,
-        "input_names": list(imported.input_names),
-        "symbols": imported.symbols,
-        "outputs": [_output_json(o) for o in imported.outputs],
-        "mutations": list(imported.mutations),
-        "returns_input": list(imported.returns_input),
-        "in_spec": dump_treespec(imported.in_spec),
-        "out_spec": dump_treespec(imported.out_spec),
-        "kernel_calls": [k.to_json() for k in kernel_calls],
-        "placements": [pl.to_json() for pl in placements],
-        "policy": {"fallback": policy.fallback, "fallback_ops": list(policy.fallback_ops),
-                   "placement": policy.placement},
-        "executor": ExecOptions(
-            quantized_engine=compile_engine(imported.exported.graph),
-            int8_float_math=imported.pt2e,
-            one_thread_calls=one_thread_calls(placements, kernel_calls, target),
-            retained_heap_bytes=heap.planned_bytes(kernel_calls, target.driver)).to_json(),
-        "whole_program_call": whole_program_call,
-        "compile_seconds": round(seconds, 3),
-        "vmfb_sha256": hashlib.sha256(vmfb).hexdigest(),
-        "host_constants": table,
-        "constants_sha256": hashlib.sha256(blob).hexdigest(),
-    }
+    return {name: build_artifact(p, vmfb, time.perf_counter() - t0)}

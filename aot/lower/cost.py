@@ -15,17 +15,17 @@ from __future__ import annotations
 import logging
 import os
 import platform
-import statistics
-import time
 from dataclasses import dataclass
 
 import torch
 import torch.fx
 from torch.fx.node import map_aggregate
 
-from .coverage import _probe_graph, op_signature
+from .coverage import _probe_graph
+from .signatures import op_signature
 from .disk_cache import JsonCache
 from ..importer.dynamic import hint
+from .. import timing
 from ..progress import step
 from .targets import Target
 
@@ -148,13 +148,7 @@ def _real(val, device):
 
 
 def _median_ms(fn, runs: int = _RUNS) -> float:
-    fn()
-    times = []
-    for _ in range(runs):
-        t = time.perf_counter()
-        fn()
-        times.append((time.perf_counter() - t) * 1e3)
-    return statistics.median(times)
+    return timing.median_ms(fn, runs, warmup=1)
 
 
 def _run_iree_ms(graph: torch.fx.Graph, target: Target, device: str) -> float | None:

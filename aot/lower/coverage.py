@@ -24,6 +24,7 @@ from torch.fx.node import map_aggregate
 
 from ..importer.fx_import import import_graph
 from .disk_cache import JsonCache
+from .signatures import op_signature
 from .iree_compile import first_error, try_compile
 from ..progress import step
 from .targets import Target
@@ -38,25 +39,6 @@ log = logging.getLogger(__name__)
 class Verdict:
     covered: bool
     reason: str = ""
-
-
-def _describe(a) -> str:
-    if isinstance(a, torch.fx.Node):
-        a = a.meta.get("val")
-    if isinstance(a, torch.Tensor):
-        return f"{str(a.dtype).replace('torch.', '')}{list(a.shape)}"
-    if isinstance(a, (torch.SymInt, torch.SymFloat, torch.SymBool)):
-        return type(a).__name__  # a run-time scalar: its value does not change the verdict
-    if isinstance(a, (list, tuple)):
-        return "[" + ",".join(_describe(x) for x in a) + "]"
-    return repr(a)
-
-
-def op_signature(node: torch.fx.Node) -> str:
-    """``aten.add.Tensor(float32[1, 3], 1)``: what a verdict is keyed by."""
-    parts = [_describe(a) for a in node.args]
-    parts += [f"{k}={_describe(v)}" for k, v in node.kwargs.items()]
-    return f"{node.target}({', '.join(parts)})"
 
 
 class CoverageCache(JsonCache):

@@ -25,7 +25,8 @@ from ..importer.dynamic import symbolic_sizes
 from ..importer.locations import node_location
 from ..torch_tensor import TorchTensor
 from .cost import MIN_FLOPS
-from .coverage import CoverageCache, Verdict, op_signature, probe_nodes
+from .coverage import CoverageCache, Verdict, probe_nodes
+from .signatures import op_signature
 from .flops import node_flops
 from .iree_faults import iree_fault
 from .outline import carried

@@ -9,7 +9,7 @@ import torch.fx
 from torch.fx.node import map_aggregate
 
 from ..importer.dynamic import is_symbolic_value, meta_at_hints
-from .coverage import op_signature
+from .signatures import op_signature
 
 __all__ = ["node_flops"]
 

@@ -37,7 +37,7 @@ log = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class PartitionedProgram:
-    """Made by :func:`partition`, read by ``aot.lower.compile.compile_program``.
+    """Made by :func:`partition`, read by ``aot.lower.backend.compile_program``.
 
     ``module`` is the outlined Torch-dialect module (kernel calls are ``func.call``s
     of ``aot_kernels.*`` imports), ``mlir`` its text (printed when first read: the

@@ -23,6 +23,11 @@ import os
 import re
 
 from ..errors import CompileFailed, UnsupportedOp
+from .compile import compile_model
+from .iree_compile import first_error, try_compile
+from .partition import partition
+from .placement import PlacementPolicy
+from .prepare import prepare
 
 __all__ = ["check_plain", "plain_vmfb", "externalize_weights", "PARAMETER_SCOPE"]
 
@@ -42,8 +47,6 @@ def plain_vmfb(imported, target, parameters: str | None = None,
     carry the program: ``aot.lower.tiling``), as ``aot.compile`` would. With
     ``parameters`` (a file path), weights of ``min_bytes`` or more are written there as
     an IREE parameter archive and the module loads them from it."""
-    from .compile import compile_model
-    from .placement import PlacementPolicy
     coverage = PlacementPolicy.make("auto", (), "coverage", None)
     art = compile_model(imported, target, coverage, example)
     check_plain(art.manifest)
@@ -56,9 +59,6 @@ def plain_vmfb(imported, target, parameters: str | None = None,
 def _with_parameters(imported, target, policy, path: str, min_bytes: int) -> bytes:
     """The plain program compiled again with ``target`` (the flags it was compiled
     with), its weights read from globals that IREE exports to ``path``."""
-    from .compile import prepare
-    from .iree_compile import first_error, try_compile
-    from .partition import partition
     if target.via != "torch":
         raise CompileFailed("a parameter archive is written for via='torch' only",
                             stage="options")

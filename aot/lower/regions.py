@@ -118,20 +118,23 @@ import torch.utils._pytree as pytree
 
 from ..artifact import CompiledArtifact
 from ..fallback import prepack
+from .backend import compile_program
 from .compiled_forms import FORMS
 from ..fallback.quantized_ops import NAMESPACE as QUANTIZED_NAMESPACE
 from ..fallback.executor import ExecOptions
 from ..fallback.layout import has_conv, layout_safe
 from ..importer.dynamic import resized
 from ..importer.program import ImportedProgram
+from .. import timing
 from ..progress import step
+from ..runtime.module import CompiledModule
 from .cost import MIN_FLOPS, Floor, machine_key
 from .flops import node_flops
 from ..errors import UnsupportedOp
 from .placement import KERNEL_CALL, Placement, PlacementPolicy
 from .targets import Target
 
-__all__ = ["may_measure", "worth_measuring", "choose_region", "aten_candidates", "choice", "program_key", "read_plan", "plan_of", "RUNS", "BUDGET_S", "MARGIN"]
+__all__ = ["may_measure", "worth_measuring", "choose_region", "aten_candidates", "choice", "program_key", "RUNS", "BUDGET_S", "MARGIN"]
 log = logging.getLogger(__name__)
 
 _QUANTIZED_MM = {f"{QUANTIZED_NAMESPACE}::conv2d", f"{QUANTIZED_NAMESPACE}::linear"}
@@ -499,7 +502,6 @@ def _pinned(plan: dict | None, cands: dict) -> dict | None:
 
 def aten_candidates(imported: ImportedProgram, target: Target) -> dict:
     """The whole-ATen-region candidates for this program and target (none on failure)."""
-    from .compile import compile_program
     from .partition import partition
 
     cands = {}
@@ -551,8 +553,6 @@ def _time_candidates(cands: dict[str, CompiledArtifact], example, target: Target
     Blocks of ``_BLOCK`` timed calls per candidate per round, after untimed calls
     for ``_WARM_S``; the order rotates every round so drifts hit all alike.
     """
-    from ..runtime.module import CompiledModule
-
     args, kwargs = _on_device(example, target)
     cuda = not target.driver.startswith("local")
     sync = torch.cuda.synchronize if cuda else (lambda: None)
@@ -643,18 +643,9 @@ def _round(mods, order, args, kwargs, sync, samples, settled=frozenset(), block=
     default ``_BLOCK``, ``_BLOCK_SLOW`` for the slow ones)."""
     for name in order:
         m = mods[name]
-        t0 = time.perf_counter()
-        while name not in settled:
-            m(*args, **kwargs)
-            sync()
-            if time.perf_counter() - t0 >= _WARM_S:
-                break
-        for _ in range(block or (_BLOCK_SLOW if name in settled else _BLOCK)):
-            sync()
-            t = time.perf_counter()
-            m(*args, **kwargs)
-            sync()
-            samples[name].append((time.perf_counter() - t) * 1e3)
+        samples[name] += timing.block(lambda: m(*args, **kwargs),
+                                      block or (_BLOCK_SLOW if name in settled else _BLOCK),
+                                      warm_s=0.0 if name in settled else _WARM_S, sync=sync)
 
 
 # a dynamic program is timed at its range's end too when one call there is expected
@@ -713,33 +704,4 @@ def _settle_at_range_end(region: dict, stats: dict, end_stats: dict) -> None:
 
 
 def _stats(samples: dict[str, list]) -> dict[str, tuple[float, float, int]]:
-    return {k: (statistics.median(v), _spread(v), len(v)) for k, v in samples.items() if v}
-
-
-def _spread(v: list[float]) -> float:
-    """Half the interquartile range."""
-    if len(v) < 4:
-        return 0.0
-    q = statistics.quantiles(v, n=4)
-    return (q[2] - q[0]) / 2
-
-
-def plan_of(manifest: dict) -> dict:
-    """The decisions of the compile that wrote ``manifest``, to pin in another."""
-    region = manifest.get("region") or manifest.get("variant") or {}
-    return {"format": 1, "program": region.get("key"), "region": region.get("chosen"),
-            "candidates_ms": region.get("candidates_ms") or {}}
-
-
-def read_plan(path: str) -> dict:
-    """A plan saved as JSON (``aot compile --save-plan``)."""
-    try:
-        with open(path) as f:
-            plan = json.load(f)
-    except (OSError, ValueError) as e:
-        raise UnsupportedOp(f"cannot read plan {path!r}: {e}", stage="options") from e
-    if not isinstance(plan, dict) or "region" not in plan:
-        raise UnsupportedOp(f"{path!r} is not a plan (an object with a 'region' entry, as "
-                            "CompiledModule.plan() returns)", stage="options")
-    return plan
-
+    return {k: (statistics.median(v), timing.spread(v), len(v)) for k, v in samples.items() if v}

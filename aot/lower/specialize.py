@@ -40,7 +40,10 @@ from ..artifact import CompiledArtifact
 from ..importer.fx_import import import_graphs
 from .linalg_kernels import expand
 from ..importer.program import ImportedProgram
+from .iree_compile import try_compile
+from .partition import partition
 from .placement import PlacementPolicy
+from .prepare import prepare
 from .targets import Target
 
 __all__ = ["worth_specializing", "specialize", "combine", "AT_EXAMPLE"]
@@ -63,10 +66,6 @@ def specialize(art: CompiledArtifact, imported: ImportedProgram, target: Target,
     """``art`` with a second entry function, its program static at the example's sizes
     (module docstring); ``art`` itself where that cannot be built. ``imported``: the
     prepared program ``art`` was partitioned from; ``target``/``policy``: ``art``'s."""
-    from .compile import prepare
-    from .iree_compile import try_compile
-    from .partition import partition
-
     t0 = time.perf_counter()
     try:
         static, _ = prepare(imported.at_example(), policy)

@@ -16,7 +16,9 @@ import torch
 import torch.utils._pytree as pytree
 import iree.runtime as rt
 
-from ..artifact import CompiledArtifact, load_treespec
+from ..artifact import CompiledArtifact
+from ..plan import plan_of
+from ..treespec import load_treespec
 from ..errors import AotError, ArtifactError, InputMismatch, KernelCallFailed
 from ..symbolic import bind_inputs
 from ..fallback import heap, static_values
@@ -153,7 +155,6 @@ class CompiledModule:
     def plan(self) -> dict:
         """The placement decisions of this compile (the region candidate chosen), to
         pass as ``aot.compile(..., plan=...)`` so another compile makes the same ones."""
-        from ..lower.regions import plan_of
         return plan_of(self.manifest)
 
     def save(self, path: str) -> None:

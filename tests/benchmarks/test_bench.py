@@ -39,7 +39,7 @@ def test_bench_peers_on_a_small_model(tmp_path, monkeypatch):
     naming its package; the summary compares aot with the fastest correct peer."""
     import torch
 
-    from aot.bench import suite
+    from aot.bench import driver, suite
 
     def small():
         torch.manual_seed(0)
@@ -49,7 +49,7 @@ def test_bench_peers_on_a_small_model(tmp_path, monkeypatch):
     systems = ["eager", "onnxruntime", "openvino", "aot"]
     # in process: the worker processes of the default layout build models by name and
     # would not see this one
-    rows = suite.run_suite(["tiny"], systems, runs=3, warmup=1, target="cpu", log=lambda s: None,
+    rows = driver.run_suite(["tiny"], systems, runs=3, warmup=1, target="cpu", log=lambda s: None,
                            in_process=True)
     by = {r.system: r for r in rows}
     for s in systems:
@@ -97,10 +97,10 @@ def test_zoo_models_give_nonzero_outputs():
 
 def test_outputs_are_written_after_each_model(tmp_path):
     """An interrupted long run keeps the models it finished."""
-    from aot.bench import suite
+    from aot.bench import driver
 
     seen = []
-    rows = suite.run_suite(["custom_op", "bert"], ["eager"], runs=2, warmup=1, target="cpu",
+    rows = driver.run_suite(["custom_op", "bert"], ["eager"], runs=2, warmup=1, target="cpu",
                            log=lambda msg: None, on_model=lambda rs: seen.append(
                                [r.model for r in rs]))
     assert seen == [["custom_op"], ["custom_op", "bert"]]

@@ -32,7 +32,7 @@ from aot.reporting import kernel_call_ops
 
 pytest.importorskip("torchvision")
 pytest.importorskip("torchao")
-from models import pt2e  # noqa: E402
+from aot.models import pt2e  # noqa: E402
 
 warnings.filterwarnings("ignore", message=".*quantize_per_tensor.*deprecated")
 KERNELS = ["aot_q", "quantized_decomposed"]

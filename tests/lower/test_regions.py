@@ -175,7 +175,6 @@ def test_slow_programs_leave_the_race_from_their_first_sample(monkeypatch):
     """Where every candidate is slow, the last warm-up call is each one's first sample,
     and one that is already OUT_OF_RACE times the best is timed in no block: only the
     recheck's single call (ViT-B/16 spent 30 s timing six candidates of 330-710 ms)."""
-    import aot.runtime.module
     from aot.lower import regions
     from aot.lower.targets import get_target
 
@@ -193,7 +192,7 @@ def test_slow_programs_leave_the_race_from_their_first_sample(monkeypatch):
         def close(self):
             pass
 
-    monkeypatch.setattr(aot.runtime.module, "CompiledModule", Module)
+    monkeypatch.setattr(regions, "CompiledModule", Module)
     monkeypatch.setattr(regions, "_SLOW_S", 0.01)
     stats = regions._time_candidates({k: k for k in ms}, ((), {}), get_target("cpu"))
     assert calls["slow"] == regions._WARMUP_CPU + 1 and stats["slow"][2] == 2
@@ -315,7 +314,7 @@ def test_the_compiled_floor_is_each_heavy_op_at_the_cheaper_of_iree_and_a_kernel
     """``cost.compiled_floor``: per heavy op with a measured cost, IREE's time or ATen's
     plus the crossings and the hand-off, whichever is less; ops without one add nothing."""
     from aot.lower.cost import CROSSING_MS, Cost, CostCache, compiled_floor, handoff_ms
-    from aot.lower.coverage import op_signature
+    from aot.lower.signatures import op_signature
     from aot.lower.decisions import heavy_nodes
     from aot.lower.targets import get_target
     monkeypatch.setenv("AOT_CACHE_DIR", str(tmp_path))

@@ -173,7 +173,7 @@ def test_a_noisy_decision_is_not_cached(cache, monkeypatch):
 
 @pytest.mark.parametrize("name", ["custom_op", "bert", "resnet18"])
 def test_two_compiles_of_a_bundled_model_place_identically(cache, quiet, name):
-    from models import get
+    from aot.models import get
     model, args = get(name)
     first = aot.compile(model, args)
     measured = len(quiet)
