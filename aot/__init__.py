@@ -9,7 +9,9 @@ The pipeline, one stage per module::
     on a fusion of ops that lower alone: aot.lower.recover)
     CompiledModule (aot.runtime)         load + run, kernel calls via aot.fallback
 
-``compile()`` chains them; ``load()`` and ``report()`` need only the runtime, and
+``aot.stages`` is the one staged entry point over them (``export(...).compile()``,
+``.emit("stablehlo")``...): ``compile()``, the ``export_*`` functions and ``aot compile``
+go through it. ``load()`` and ``report()`` need only the runtime, and
 ``import aot`` imports neither torch nor the compiler: a plain artifact loads in a
 Python with ``iree-base-runtime`` and numpy alone (``aot.runtime.numpy_module``).
 """
@@ -81,26 +83,21 @@ def compile(model, args=(), *, example_kwargs=None, target: str = "cpu", fallbac
         ExportFailed, UnsupportedOp, CompileFailed: see ``aot.errors``; calling the
         module with a size outside a dynamic dimension's range is an ``InputMismatch``.
     """
-    from .importer import ImportOptions, import_model
-    from .lower.compile import compile_model
-    from .lower.placement import PlacementPolicy
-    from .lower.targets import get_target
-
-    if isinstance(plan, str):
-        from .plan import read_plan
-        plan = read_plan(plan)
-    policy = PlacementPolicy.make(fallback, fallback_ops, placement, plan)
-    tgt = get_target(target, tuple(extra_flags), profile, via)
-    imported = import_model(model, args, example_kwargs, ImportOptions(
-        strict=strict, dynamic_shapes=dynamic_shapes, pt2e_integer_ops=policy.fallback != "all"))
-    # Compiling never needs the target device: without it, the module opens the
-    # device on its first call (a clear error there) and can be saved meanwhile.
     import torch
+
     from .runtime.host_cpu import host_problem
     from .runtime.module import CompiledModule
-    art = compile_model(imported, tgt, policy,
-                        (args if isinstance(args, tuple) else (args,), dict(example_kwargs or {})))
-    # another CPU's code (target="cpu:..."): opened, and refused, only if called here
+    from .stages import Options, export
+
+    options = Options.resolve(target=target, fallback=fallback, fallback_ops=fallback_ops,
+                              placement=placement, plan=plan, strict=strict,
+                              extra_flags=extra_flags, profile=profile, via=via,
+                              dynamic_shapes=dynamic_shapes)
+    art = export(model, args, example_kwargs, options).compile()
+    tgt = options.target
+    # Compiling never needs the target device: without it, the module opens the
+    # device on its first call (a clear error there) and can be saved meanwhile.
+    # Another CPU's code (target="cpu:..."): opened, and refused, only if called here.
     here = (tgt.driver.startswith("local") and host_problem(art.manifest) is None) \
         or (tgt.driver == "cuda" and torch.cuda.is_available())
     return CompiledModule(art, open_device=here)
@@ -115,15 +112,12 @@ def export_stablehlo(model, args=(), *, example_kwargs=None, target: str = "cpu"
     ``backend_config`` holds its static operands as JSON (docs/stablehlo.md).
     Needs ``pip install 'aot[stablehlo]'``. ``fallback="all"`` makes every op a custom
     call (the "dummy mode"). Same arguments as ``compile``; raises as it does."""
-    from .importer import ImportOptions, import_model
-    from .lower.compile import stablehlo_module
-    from .lower.placement import PlacementPolicy
-    from .lower.targets import get_target
+    from .stages import Options, export
 
-    policy = PlacementPolicy.make(fallback, fallback_ops, "coverage", None)
-    imported = import_model(model, args, example_kwargs, ImportOptions(
-        strict=strict, dynamic_shapes=dynamic_shapes, pt2e_integer_ops=policy.fallback != "all"))
-    return stablehlo_module(imported, get_target(target, via="stablehlo"), policy)
+    options = Options.resolve(target=target, fallback=fallback, fallback_ops=fallback_ops,
+                              placement="coverage", strict=strict, via="stablehlo",
+                              dynamic_shapes=dynamic_shapes)
+    return export(model, args, example_kwargs, options).stablehlo()
 
 
 def export_vmfb(model, args=(), path=None, *, example_kwargs=None, target: str = "cpu",
@@ -149,15 +143,11 @@ def export_vmfb(model, args=(), path=None, *, example_kwargs=None, target: str =
             its inputs in place (the plain module cannot write the caller's tensors).
         ExportFailed, CompileFailed: as ``compile``.
     """
-    from .importer import ImportOptions, import_model
-    from .lower.plain_module import plain_vmfb
-    from .lower.targets import get_target
+    from .stages import Options, export
 
-    imported = import_model(model, args, example_kwargs, ImportOptions(
-        strict=strict, dynamic_shapes=dynamic_shapes))
-    example = (args if isinstance(args, tuple) else (args,), dict(example_kwargs or {}))
-    data = plain_vmfb(imported, get_target(target, tuple(extra_flags), "default", via),
-                      parameters, example=example)
+    options = Options.resolve(target=target, placement="coverage", strict=strict,
+                              extra_flags=extra_flags, via=via, dynamic_shapes=dynamic_shapes)
+    data = export(model, args, example_kwargs, options).vmfb(parameters)
     if path is not None:
         with open(path, "wb") as f:
             f.write(data)

@@ -20,6 +20,8 @@ import statistics
 import sys
 import time
 
+from .stage_names import EMIT
+
 __all__ = ["main"]
 
 
@@ -120,47 +122,32 @@ def _step(msg: str):
 
 def cmd_compile(args) -> int:
     from . import progress
-    from .importer import ImportOptions, import_model
+    from .errors import CompileFailed
+    from .stages import Options, export
+    from .torch_tensor import TorchTensor
     progress.show()
-    from .lower.compile import compile_model
-    from .lower.prepare import prepare
-    from .lower.partition import partition, torch_mlir
-    from .lower.placement import PlacementPolicy
-    from .lower.targets import get_target
 
-    plan = None
-    if args.plan:
-        from .plan import read_plan
-        plan = read_plan(args.plan)
     if args.parameters and args.emit != "vmfb":
-        from .errors import CompileFailed
         raise CompileFailed("--parameters goes with --emit vmfb", stage="options")
     if args.emit == "vmfb" and not args.output:
-        from .errors import CompileFailed
         raise CompileFailed("--emit vmfb needs -o FILE.vmfb", stage="options")
-    policy = PlacementPolicy.make(args.fallback, args.fallback_op, args.placement, plan)
-    target = get_target(args.target, tuple(args.flag), via=args.via)
     model, example = _model_and_inputs(args)
+    options = Options.resolve(target=args.target, fallback=args.fallback,
+                              fallback_ops=args.fallback_op, placement=args.placement,
+                              plan=args.plan, strict=args.strict, extra_flags=args.flag,
+                              via=args.via,
+                              dynamic_shapes=parse_dynamic(args.dynamic, model, len(example)))
+    target, policy = options.target, options.policy
     t0 = time.perf_counter()
     _step(f"exporting {type(model).__name__} ...")
-    dynamic = parse_dynamic(args.dynamic, model, len(example))
-    imported = import_model(model, example, options=ImportOptions(
-        strict=args.strict, dynamic_shapes=dynamic, pt2e_integer_ops=policy.fallback != "all"))
-    if args.emit == "torch":
-        print(torch_mlir(imported))
-        return 0
-    if args.emit == "partitioned":  # what compile_model hands IREE (per-op placement)
-        print(partition(prepare(imported, policy)[0], target, policy).mlir)
-        return 0
+    exported = export(model, example, None, options)
     if args.emit == "vmfb":
-        from .lower.plain_module import plain_vmfb
-        from .torch_tensor import TorchTensor
         _step(f"compiling every op for {target.name} (placement='coverage'; flags measured "
               "on this machine where it is the target) ...")
-        data = plain_vmfb(imported, target, args.parameters, example=(tuple(example), {}))
+        data = exported.vmfb(args.parameters)
         with open(args.output, "wb") as f:
             f.write(data)
-        n_in = sum(1 for leaf in imported.flat_inputs if isinstance(leaf, TorchTensor))
+        n_in = sum(1 for leaf in exported.imported.flat_inputs if isinstance(leaf, TorchTensor))
         params = ""
         if args.parameters:
             params = f"--parameters=model={args.parameters} "
@@ -172,10 +159,9 @@ def cmd_compile(args) -> int:
               + " ".join(f"--input=@in{i}.npy" for i in range(n_in)))
         return 0
     if args.emit == "stablehlo":
-        from .lower.compile import stablehlo_module
         _step("lowering to StableHLO through torch-mlir (ops it cannot lower become "
               "custom calls) ...")
-        text = stablehlo_module(imported, target, policy)
+        text = exported.stablehlo()
         if args.output:
             with open(args.output, "w") as f:
                 f.write(text)
@@ -183,11 +169,14 @@ def cmd_compile(args) -> int:
         else:
             print(text)
         return 0
+    if args.emit:  # the MLIR at that stage
+        print(exported.emit(args.emit))
+        return 0
     _step(f"partitioning for {target.name} (fallback={policy.fallback!r}) and compiling "
           f"with IREE ({target.backend}) ...")
     # the example inputs time the region candidates, as aot.compile does
-    art = compile_model(imported, target, policy, example=(tuple(example), {}))
-    out = args.output or f"{imported.name.lower()}.aot"
+    art = exported.compile()
+    out = args.output or f"{exported.imported.name.lower()}.aot"
     art.save(out)
     n_kc = len(art.manifest["kernel_calls"])
     _step(f"wrote {out} ({os.path.getsize(out) / 1e6:.1f} MB, {n_kc} kernel calls) "
@@ -389,7 +378,7 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--via", default="torch", choices=["torch", "stablehlo"],
                    help="what IREE compiles: the Torch dialect (default) or StableHLO "
                         "lowered by torch-mlir (pip install 'aot[stablehlo]')")
-    c.add_argument("--emit", choices=["torch", "partitioned", "stablehlo", "vmfb"],
+    c.add_argument("--emit", choices=EMIT,
                    help="print the MLIR at this stage instead of compiling (to -o when "
                         "given, for stablehlo); vmfb: write a plain IREE module to -o "
                         "that iree-run-module runs (every op compiled, or refused)")
