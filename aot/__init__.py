@@ -3,10 +3,10 @@
 The pipeline, one stage per module::
 
     import_model   (aot.importer)        nn.Module -> ImportedProgram
-    partition      (aot.lower.partition) -> PartitionedProgram (placements, kernel calls)
-    compile_program(aot.lower.backend)   -> CompiledArtifact (.vmfb + manifest)
+    partition      (aot.partition.partitioner) -> PartitionedProgram (placements, kernel calls)
+    compile_program(aot.backend.build)   -> CompiledArtifact (.vmfb + manifest)
     (compile_model chains partition + compile_program, retrying when IREE fails
-    on a fusion of ops that lower alone: aot.lower.recover)
+    on a fusion of ops that lower alone: aot.tuning.recover)
     CompiledModule (aot.runtime)         load + run, kernel calls via aot.fallback
 
 ``aot.stages`` is the one staged entry point over them (``export(...).compile()``,
@@ -52,7 +52,7 @@ def compile(model, args=(), *, example_kwargs=None, target: str = "cpu", fallbac
         example_kwargs: example keyword inputs.
         target: ``"cpu"`` (IREE llvm-cpu, this machine's CPU), ``"cpu:<cpu or triple>"``
             (another CPU, compiled for from here without measuring: ``cpu:x86-64-v3``,
-            ``cpu:aarch64-linux-gnu``; ``aot.lower.cpu_targets``) or ``"cuda"``.
+            ``cpu:aarch64-linux-gnu``; ``aot.backend.cpu_targets``) or ``"cuda"``.
         fallback: ``"auto"`` (ops IREE cannot lower run in ATen), ``"all"``
             (every op runs in ATen: bit-exact with eager), ``"none"`` (fail,
             listing every op IREE cannot lower).
@@ -60,11 +60,11 @@ def compile(model, args=(), *, example_kwargs=None, target: str = "cpu", fallbac
         strict: use ``torch.export``'s strict mode.
         extra_flags: extra ``iree-compile`` flags appended to the target profile.
         profile: ``"default"`` (flags chosen by measurement, see
-            ``aot/lower/targets.py``) or ``"iree-default"`` (IREE as it comes).
+            ``aot/backend/targets.py``) or ``"iree-default"`` (IREE as it comes).
         placement: ``"auto"``: heavy ops IREE covers (convolutions, matmuls) run
             where they measure faster on this machine, IREE or ATen (measured
             once, cached), and a program with heavy ops is then timed end to
-            end against whole ATen regions (``aot.lower.regions``), keeping
+            end against whole ATen regions (``aot.tuning.regions``), keeping
             the faster; ``"coverage"``: everything IREE covers is compiled.
         dynamic_shapes: what ``torch.export.export`` takes (``torch.export.Dim`` per
             input dimension): those dimensions stay dynamic, and the artifact serves
@@ -76,7 +76,7 @@ def compile(model, args=(), *, example_kwargs=None, target: str = "cpu", fallbac
         plan: the decisions of an earlier compile to reuse instead of measuring
             (``CompiledModule.plan()``, or the path of a JSON file holding it).
             Without it, a decision measured on this machine for this program is
-            reused from the cache (``aot.lower.regions``).
+            reused from the cache (``aot.tuning.regions``).
     Returns:
         CompiledModule: call it like the model; ``.save(path)``, ``.report()``.
     Raises:

@@ -414,7 +414,7 @@ def _checks(m: dict, constants_len: int) -> None:
 
 
 def _cpu(m: dict) -> None:
-    """``cpu`` (``aot.lower.cpu_targets.CpuTarget``): what the host is checked against."""
+    """``cpu`` (``aot.backend.cpu_targets.CpuTarget``): what the host is checked against."""
     cpu = m.get("cpu")
     if cpu is None:
         return
@@ -428,7 +428,7 @@ def _cpu(m: dict) -> None:
 
 
 def _specialized(m: dict) -> None:
-    """``specialized`` (aot.lower.specialize): the entry function and, per symbol of the
+    """``specialized`` (aot.tuning.specialize): the entry function and, per symbol of the
     ``symbols`` table, the example size it serves."""
     spec = m.get("specialized")
     if spec is None:

@@ -1,6 +1,6 @@
 """A compile's decisions as a plan: what ``CompiledModule.plan()`` returns, what
 ``aot compile --save-plan`` writes and what ``plan=`` / ``--plan`` pin in another compile
-(``aot.lower.regions`` takes the pinned region instead of measuring)."""
+(``aot.tuning.regions`` takes the pinned region instead of measuring)."""
 
 from __future__ import annotations
 

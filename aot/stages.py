@@ -18,12 +18,12 @@ from dataclasses import dataclass
 from .artifact import CompiledArtifact
 from .errors import UnsupportedOp
 from .importer.program import ImportedProgram, ImportOptions, import_model
-from .lower.compile import compile_model, stablehlo_module
-from .lower.partition import partition, torch_mlir
-from .lower.placement import PlacementPolicy
-from .lower.plain_module import plain_vmfb
-from .lower.prepare import prepare
-from .lower.targets import Target, get_target
+from .tuning.compile import compile_model, stablehlo_module
+from .partition.partitioner import partition, torch_mlir
+from .partition.placement import PlacementPolicy
+from .backend.plain_module import plain_vmfb
+from .passes.prepare import prepare
+from .backend.targets import Target, get_target
 from .plan import read_plan
 from .stage_names import EMIT
 
@@ -86,11 +86,11 @@ class Exported:
         return partition(prepare(self.imported, policy)[0], self.options.target, policy).mlir
 
     def stablehlo(self) -> str:
-        """The portable StableHLO export (``aot.lower.compile.stablehlo_module``)."""
+        """The portable StableHLO export (``aot.tuning.compile.stablehlo_module``)."""
         return stablehlo_module(self.imported, self.options.target, self.options.policy)
 
     def vmfb(self, parameters: str | None = None) -> bytes:
-        """A plain IREE module, every op compiled (``aot.lower.plain_module``)."""
+        """A plain IREE module, every op compiled (``aot.backend.plain_module``)."""
         return plain_vmfb(self.imported, self.options.target, parameters, example=self.example)
 
     def compile(self) -> CompiledArtifact:

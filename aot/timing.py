@@ -1,7 +1,7 @@
 """One timer: calls timed in blocks, several callables interleaved round by round with
 the order rotating (a drift or a burst of other work hits all alike), and the medians
-and spreads of their samples. The per-op costs (``aot.lower.cost``), the region race
-(``aot.lower.regions``), ``aot bench`` (``aot.bench``) and the scripts under
+and spreads of their samples. The per-op costs (``aot.partition.cost``), the region race
+(``aot.tuning.regions``), ``aot bench`` (``aot.bench``) and the scripts under
 ``benchmarks/`` all time with it.
 
 Times are milliseconds of wall clock (``time.perf_counter``); ``sync`` (e.g.

@@ -25,7 +25,7 @@ if TYPE_CHECKING:
 __all__ = ["QuantParams", "TorchTensor", "dtype_from_name", "dtype_name"]
 
 # Every dtype name the boundary knows (the boundary takes them all; what compiled
-# code can hold is ``aot.lower.outline``'s business). Torch-free, so a manifest is
+# code can hold is ``aot.partition.outline``'s business). Torch-free, so a manifest is
 # read without torch; ``_torch_dtypes`` maps the names this torch build has.
 DTYPE_NAMES = (
     "float32", "float64", "float16", "bfloat16", "int8", "uint8", "int16", "int32",
@@ -191,7 +191,7 @@ class TorchTensor:
     A dimension only known at run time (an op whose output shape depends on
     the data, like ``nonzero``) is ``None`` in ``shape``, and the strides are
     then all ``None``: such a tensor never crosses into compiled code (the host
-    runs its region, ``aot.lower.host_program``), and checks accept any size there.
+    runs its region, ``aot.partition.host_program``), and checks accept any size there.
 
     A dimension or stride that follows a *symbol* of a dynamic artifact
     (``dynamic_shapes``) is an expression over symbols, as text (``"s0"``,

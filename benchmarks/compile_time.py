@@ -46,7 +46,15 @@ def worker(model: str, system: str) -> dict:
         return {"seconds": time.perf_counter() - t0}
 
     import aot
-    from aot.lower import iree_compile
+    import importlib
+    try:
+        from aot.backend import iree_compile
+        users = ("aot.tuning.compile", "aot.backend.build", "aot.partition.coverage",
+                 "aot.partition.cost", "aot.tuning.regions", "aot.tuning.specialize")
+    except ImportError:  # a tree from before the stage packages (everything in aot.lower)
+        iree_compile = importlib.import_module("aot.lower.iree_compile")
+        users = tuple(f"aot.lower.{m}" for m in ("compile", "backend", "coverage", "cost",
+                                                  "regions", "specialize"))
     runs = []
     real = iree_compile.try_compile
 
@@ -57,9 +65,11 @@ def worker(model: str, system: str) -> dict:
         finally:
             runs.append(time.perf_counter() - t)
     iree_compile.try_compile = counted
-    for mod in ("aot.lower.compile", "aot.lower.backend", "aot.lower.coverage", "aot.lower.cost",
-                "aot.lower.regions", "aot.lower.specialize"):
-        m = sys.modules.get(mod) or __import__(mod, fromlist=["_"])
+    for mod in users:
+        try:
+            m = importlib.import_module(mod)
+        except ImportError:
+            continue
         if getattr(m, "try_compile", None) is real:
             m.try_compile = counted
     lines = io.StringIO()

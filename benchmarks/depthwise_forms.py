@@ -32,7 +32,8 @@ from aot import timing  # noqa: E402
 
 def _compile(model, example, named: bool):
     import aot
-    from aot.lower import linalg_kernels, partition
+    from aot.backend import linalg_kernels
+    from aot.partition import partitioner as partition
     real = linalg_kernels.named_kernels
     if not named:
         partition.named_kernels = linalg_kernels.named_kernels = lambda target: False

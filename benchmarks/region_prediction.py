@@ -65,7 +65,7 @@ class _Capture:
     look inside, not an API)."""
 
     def __init__(self):
-        from aot.lower import regions
+        from aot.tuning import regions
         self.regions, self.cands = regions, {}
         self.orig = regions._time_candidates
 
@@ -93,7 +93,7 @@ def _alone(cands: dict, args, calls: int) -> dict:
 
 def run(models: list[str], compiles: int, calls: int) -> list[dict]:
     import aot
-    from aot.lower.regions import MARGIN
+    from aot.tuning.regions import MARGIN
     rows = []
     for name in models:
         model, args = _model(name)

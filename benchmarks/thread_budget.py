@@ -1,5 +1,5 @@
 """One thread budget, before and after: mixed plans with their light kernel calls on
-the calling thread alone (``executor.one_thread_calls``, ``aot.lower.threads``) or on
+the calling thread alone (``executor.one_thread_calls``, ``aot.partition.threads``) or on
 torch's threads (the two pools competing), and eager PyTorch in the same process
 before and after the artifact ran.
 

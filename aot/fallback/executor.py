@@ -84,7 +84,7 @@ class ExecOptions:
     kernel would saturate (``aot.fallback.quantized_ops``).
     ``one_thread_calls``: keys of kernel calls that run on the calling thread alone
     (``torch.set_num_threads(1)`` for the call, this thread only), chosen at compile
-    (``aot.lower.threads``): light ATen ops between compiled dispatches, where waking
+    (``aot.partition.threads``): light ATen ops between compiled dispatches, where waking
     torch's OpenMP team costs more than it saves, because its threads then spin on
     the cores IREE's workers need for the next dispatch.
     ``retained_heap_bytes``: freed memory the C heap keeps between calls, planned at

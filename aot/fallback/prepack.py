@@ -33,7 +33,7 @@ on the CPU (``ExecOptions(prepack=True)``) it can do what eager cannot:
 
 Values change by rounding only (oneDNN and MKL accumulate in another order);
 the region candidate that uses this is chosen only where it measured faster
-(``aot.lower.regions``). Where this torch build lacks the kernels, the plain
+(``aot.tuning.regions``). Where this torch build lacks the kernels, the plain
 ops run.
 """
 

@@ -1,6 +1,6 @@
 """KernelCallSpec: one ATen kernel call site, as recorded at compile time.
 
-Made by the partitioner (``aot.lower.kernel_calls``) by walking the op's
+Made by the partitioner (``aot.partition.kernel_calls``) by walking the op's
 ``FunctionSchema``; stored in the artifact manifest; read by the fallback
 executor to rebuild the exact call. Tensor operands arrive at run time as
 buffers; a scalar only known at run time (a ``SymInt``/``SymFloat``/``SymBool``

@@ -49,7 +49,7 @@ class ImportOptions:
 
 @dataclass(frozen=True)
 class ImportedProgram:
-    """Made by :func:`import_model`, read by ``aot.lower.partition``.
+    """Made by :func:`import_model`, read by ``aot.partition.partitioner``.
 
     ``exported`` is a functional ATen ``ExportedProgram`` (only export's own
     mandatory decompositions applied). ``flat_inputs`` has one entry per leaf of
@@ -79,7 +79,7 @@ class ImportedProgram:
     # dynamic_shapes: {symbol: {"name", "min", "max", "example", "binds"}} (aot.symbolic)
     symbols: dict = field(default_factory=dict)
     # a dynamic program: the same model imported with every size at the example's
-    # (no dynamic_shapes), made on demand (``aot.lower.specialize``); None when static
+    # (no dynamic_shapes), made on demand (``aot.tuning.specialize``); None when static
     at_example: Callable[[], "ImportedProgram"] | None = field(default=None, compare=False,
                                                                 repr=False)
     # a PT2E program (torch's quantized_decomposed ops): its int8 ops mean the converted

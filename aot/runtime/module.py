@@ -128,7 +128,7 @@ class CompiledModule:
         except RuntimeError as e:
             raise ArtifactError(f"IREE could not load the module: {e}") from e
         self.main = main.lookup_function("main")
-        # a dynamic program's static form at the example's sizes (aot.lower.specialize):
+        # a dynamic program's static form at the example's sizes (aot.tuning.specialize):
         # called when every symbol is bound to its example size
         spec = self.manifest.get("specialized") or {}
         self._at_example = main.lookup_function(spec["function"]) if spec.get("kept") else None

@@ -311,7 +311,7 @@ class ConvNet(torch.nn.Module):
 
 
 def test_region_is_measured_at_the_range_end_where_cheap(monkeypatch, tmp_path):
-    from aot.lower import regions
+    from aot.tuning import regions
     monkeypatch.setenv("AOT_CACHE_DIR", str(tmp_path))  # measured now, not read from a cache
     m = ConvNet().eval()
     # whether a call at the range's end is cheap depends on this machine's speed and load:
@@ -355,9 +355,9 @@ def test_prepacked_region_runs_dynamic_linears_through_onednn():
 def test_linear_on_dynamic_rows_compiles_as_one_2d_matmul():
     """linear on [batch, seq, k] with both dynamic: -1 rows, sizes read back after."""
     from aot.importer import ImportOptions, import_model
-    from aot.lower.partition import partition
-    from aot.lower.placement import PlacementPolicy
-    from aot.lower.targets import get_target
+    from aot.partition.partitioner import partition
+    from aot.partition.placement import PlacementPolicy
+    from aot.backend.targets import get_target
     m = torch.nn.Linear(64, 96).eval()
     b, s = Dim("b", min=1, max=8), Dim("s", min=2, max=300)
     dyn = ({0: b, 1: s},)

@@ -265,7 +265,7 @@ def _unpool(y, i):
 _POOLED = torch.nn.functional.max_pool2d(torch.randn(1, 2, 7, 7), 3, 2, return_indices=True)
 
 
-# ops IREE lowers but gets wrong (aot.lower.iree_faults): eager's answer, inputs untouched
+# ops IREE lowers but gets wrong (aot.partition.iree_faults): eager's answer, inputs untouched
 @pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize("fn,args", [
     (lambda x: torch.sort(x), (torch.randint(0, 3, (20,)),)),

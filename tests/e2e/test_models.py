@@ -4,7 +4,7 @@ import pytest
 import torch
 
 import aot
-from aot.lower.regions import choice
+from aot.tuning.regions import choice
 from aot import models
 
 

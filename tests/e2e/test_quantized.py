@@ -278,7 +278,7 @@ def test_default_placement_keeps_quantized_convs_where_they_measure_faster(qresn
     cm = aot.compile(model, (x,))
     region = cm.manifest["region"]  # quantized convolutions make the region worth measuring
     # the measured decision: the fastest, unless within the noise of an earlier candidate
-    from aot.lower.regions import choice
+    from aot.tuning.regions import choice
     assert region["chosen"] == choice(region)
     if region["chosen"] in ("iree", "iree-sync"):  # per op: each where it measured faster
         for k in kernel_call_ops(cm.manifest):

@@ -6,7 +6,7 @@ import torch
 import aot
 from aot.fallback import prepack
 from aot.fallback.executor import ExecOptions
-from aot.lower.regions import _with_executor
+from aot.tuning.regions import _with_executor
 from aot.runtime.module import CompiledModule
 
 pytestmark = pytest.mark.skipif(not prepack.available(),

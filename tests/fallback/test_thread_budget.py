@@ -1,5 +1,5 @@
 """One thread budget: light kernel calls between compiled dispatches run on the calling
-thread alone (``aot.lower.threads``); heavy ones, and every call of a program with no
+thread alone (``aot.partition.threads``); heavy ones, and every call of a program with no
 compiled code, keep torch's threads. Results equal eager's exactly (elementwise ATen
 ops run the same kernels on one thread), and the caller's thread count is restored."""
 

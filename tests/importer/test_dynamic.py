@@ -130,7 +130,7 @@ def test_cli_compiles_and_runs_a_dynamic_artifact(tmp_path, capsys):
 def test_a_compile_that_fixed_a_dynamic_dimension_is_refused():
     from types import SimpleNamespace
     from aot.errors import CompileFailed
-    from aot.lower.backend import _check_dynamic_signature
+    from aot.backend.build import _check_dynamic_signature
     imp = _imported()
     good = ("  func.func @main(%arg0: !torch.vtensor<[?,?,4],f32>, %arg1: !torch.vtensor<[?,?,5],"
             "f32>) -> !torch.vtensor<[?,20],f32> {")

@@ -6,9 +6,9 @@ import torch
 import aot
 from aot.cli import main as cli_main
 from aot.importer import ImportOptions, import_model
-from aot.lower.partition import partition, torch_mlir
-from aot.lower.placement import PlacementPolicy
-from aot.lower.targets import get_target
+from aot.partition.partitioner import partition, torch_mlir
+from aot.partition.placement import PlacementPolicy
+from aot.backend.targets import get_target
 
 
 class ConvBn(torch.nn.Module):

@@ -4,9 +4,10 @@ import threading
 
 import torch
 
-from aot.lower import cost, iree_compile
-from aot.lower.cost import CostCache, measure_nodes
-from aot.lower.targets import get_target
+from aot.partition import cost
+from aot.backend import iree_compile
+from aot.partition.cost import CostCache, measure_nodes
+from aot.backend.targets import get_target
 
 
 class TwoConvs(torch.nn.Module):
@@ -97,8 +98,8 @@ def test_a_prefetch_that_fails_leaves_the_measurement_as_it_was(tmp_path, monkey
 def test_the_probe_leaves_the_prefetched_signatures_to_the_prefetch(tmp_path, monkeypatch):
     """The heavy ops compile once, in the prefetch, which is also their coverage verdict;
     when the prefetch fails they are probed like the others."""
-    from aot.lower import coverage
-    from aot.lower.coverage import CoverageCache, probe_nodes
+    from aot.partition import coverage
+    from aot.partition.coverage import CoverageCache, probe_nodes
 
     target = get_target("cpu")
     probed = []

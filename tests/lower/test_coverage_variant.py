@@ -8,9 +8,9 @@ import torch
 
 import aot
 from aot import models
-from aot.lower import cost
-from aot.lower.cost import Cost
-from aot.lower.regions import choice
+from aot.partition import cost
+from aot.partition.cost import Cost
+from aot.tuning.regions import choice
 
 
 class Block(torch.nn.Module):
@@ -35,7 +35,7 @@ def _aten_always_wins(monkeypatch, tmp_path):
     monkeypatch.setenv("AOT_CACHE_DIR", str(tmp_path))
     monkeypatch.setattr(Cost, "aten_wins", property(lambda self: True))
     monkeypatch.setattr(cost, "HANDOFF_MS", 0.0)
-    monkeypatch.setattr("aot.lower.regions.FLOOR_MARGIN", float("inf"))
+    monkeypatch.setattr("aot.tuning.regions.FLOOR_MARGIN", float("inf"))
 
 
 def test_few_measured_kernel_calls_get_an_all_compiled_candidate(monkeypatch, tmp_path):
@@ -55,7 +55,7 @@ def test_few_measured_kernel_calls_get_an_all_compiled_candidate(monkeypatch, tm
 
 def test_not_for_many_measured_calls_nor_unsupported_ops(monkeypatch, tmp_path):
     _aten_always_wins(monkeypatch, tmp_path)
-    monkeypatch.setattr(importlib.import_module("aot.lower.compile"), "COVERAGE_MAX_CALLS", 1)
+    monkeypatch.setattr(importlib.import_module("aot.tuning.compile"), "COVERAGE_MAX_CALLS", 1)
     torch.manual_seed(0)
     m, x = Block().eval(), torch.randn(1, 16, 24, 24)
     assert "iree-coverage" not in aot.compile(m, (x,)).manifest["region"]["candidates_ms"]
@@ -71,15 +71,15 @@ def _measured_calls_save(ms, monkeypatch, tmp_path):
     monkeypatch.setenv("AOT_CACHE_DIR", str(tmp_path))
     monkeypatch.setattr(Cost, "aten_wins", property(lambda self: True))
     monkeypatch.setattr(Cost, "saving_ms", property(lambda self: ms))
-    monkeypatch.setattr("aot.lower.regions.FLOOR_MARGIN", float("inf"))
+    monkeypatch.setattr("aot.tuning.regions.FLOOR_MARGIN", float("inf"))
 
 
 def _program_compiles(monkeypatch) -> list:
     """IREE runs on the program's bytecode (the per-op program, a variant), recorded
     (the ATen-region candidates' small modules are compiled from text)."""
-    from aot.lower import iree_compile
+    from aot.backend import iree_compile
     runs, real = [], iree_compile.try_compile
-    monkeypatch.setattr(importlib.import_module("aot.lower.compile"), "try_compile",
+    monkeypatch.setattr(importlib.import_module("aot.tuning.compile"), "try_compile",
                         lambda asm, *a, **k: (runs.append(1) if isinstance(asm, bytes) else None)
                         or real(asm, *a, **k))
     return runs

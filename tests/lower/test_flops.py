@@ -1,9 +1,9 @@
-"""FLOP counts of graph nodes (``aot.lower.flops``): torch's formulas, counted once per
+"""FLOP counts of graph nodes (``aot.partition.flops``): torch's formulas, counted once per
 static op signature."""
 
 import torch
 
-from aot.lower import flops
+from aot.partition import flops
 
 
 def _graph(m, *args, dynamic_shapes=None):

@@ -1,9 +1,9 @@
-"""Input-independent ops are computed once at compile time (aot.lower.fold_constants)."""
+"""Input-independent ops are computed once at compile time (aot.passes.fold_constants)."""
 
 import torch
 
 import aot
-from aot.lower.fold_constants import fold_constants
+from aot.passes.fold_constants import fold_constants
 
 
 class Positions(torch.nn.Module):

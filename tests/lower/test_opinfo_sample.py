@@ -8,7 +8,7 @@ and float64 rtol 1e-7 / atol 1e-9 under ``"auto"``, NaN patterns equal). The ops
 are chosen to hit every class of issue 13 (no tensor inputs, float64, in-place
 updates, non-tensor outputs, data-dependent shapes, storage-dependent ops,
 expanded results, the smaller defects), what the full run found later (sparse
-inputs, ``torch.Size`` outputs, ops IREE lowers wrong: ``aot.lower.iree_faults``)
+inputs, ``torch.Size`` outputs, ops IREE lowers wrong: ``aot.partition.iree_faults``)
 plus plain ops of each family.
 """
 

@@ -7,9 +7,9 @@ import torch
 
 import aot
 from aot.importer import import_model
-from aot.lower.partition import partition
-from aot.lower.placement import PlacementPolicy
-from aot.lower.targets import get_target
+from aot.partition.partitioner import partition
+from aot.partition.placement import PlacementPolicy
+from aot.backend.targets import get_target
 
 
 class SqueezeExcite(torch.nn.Module):

@@ -7,7 +7,7 @@ import torch
 
 import aot
 from aot.fallback.executor import ExecOptions
-from aot.lower.regions import _with_executor, choice
+from aot.tuning.regions import _with_executor, choice
 from aot.runtime.module import CompiledModule
 
 
@@ -42,7 +42,7 @@ def convnet():
 def no_floor(monkeypatch):
     """IREE's program compiled and measured even where its measured floor says it cannot
     win (``regions.aten_far_ahead`` off): the tests using it are about that measurement."""
-    monkeypatch.setattr("aot.lower.regions.FLOOR_MARGIN", float("inf"))
+    monkeypatch.setattr("aot.tuning.regions.FLOOR_MARGIN", float("inf"))
 
 
 def test_default_compile_measures_regions_and_keeps_the_fastest(convnet, no_floor):
@@ -122,7 +122,7 @@ def test_heavy_kernel_calls_between_compiled_ops_are_also_timed_on_one_thread(
     """The ``iree-one-thread`` candidate: the per-op artifact with every kernel call,
     heavy ones too, on the calling thread alone; measured beside the others, and as
     right as they are."""
-    from aot.lower.cost import Cost
+    from aot.partition.cost import Cost
     monkeypatch.setenv("AOT_CACHE_DIR", str(tmp_path))
     monkeypatch.setattr(Cost, "aten_wins", property(lambda self: True))  # convs in ATen,
     monkeypatch.setattr(Cost, "saving_ms", property(lambda self: 5.0))  # worth the hand-off
@@ -143,7 +143,7 @@ def test_slow_candidates_skip_the_untimed_call_before_their_blocks():
     """A candidate whose call takes _SLOW_S or more is timed without an untimed call
     first, in shorter blocks (both would only add to the compile time); a fast one is
     warmed up by time."""
-    from aot.lower import regions
+    from aot.tuning import regions
 
     calls = {"fast": 0, "slow": 0}
 
@@ -162,7 +162,7 @@ def test_slow_candidates_skip_the_untimed_call_before_their_blocks():
 def test_a_candidate_that_cannot_win_is_timed_no_more():
     """After two rounds, a candidate whose fastest call is OUT_OF_RACE times the best
     median is dropped; one that noise made slow on some calls stays."""
-    from aot.lower.regions import OUT_OF_RACE, _in_race
+    from aot.tuning.regions import OUT_OF_RACE, _in_race
 
     samples = {"aten": [87.0, 88.0, 86.5, 90.0], "iree": [140.0, 150.0, 145.0, 160.0],
                "noisy": [89.0, 300.0, 95.0, 400.0]}
@@ -175,8 +175,8 @@ def test_slow_programs_leave_the_race_from_their_first_sample(monkeypatch):
     """Where every candidate is slow, the last warm-up call is each one's first sample,
     and one that is already OUT_OF_RACE times the best is timed in no block: only the
     recheck's single call (ViT-B/16 spent 30 s timing six candidates of 330-710 ms)."""
-    from aot.lower import regions
-    from aot.lower.targets import get_target
+    from aot.tuning import regions
+    from aot.backend.targets import get_target
 
     ms = {"fast": 12.0, "slow": 30.0}
     calls = {k: 0 for k in ms}
@@ -205,8 +205,8 @@ def test_a_dropped_candidate_that_runs_fast_again_is_measured_anew():
     """A candidate a burst of other work slowed in its first rounds is dropped, then
     rechecked with one block (one call where calls are slow): running fast again, its
     disturbed samples go and it is measured from there on; still slow, it keeps them all."""
-    from aot.lower import regions
-    from aot.lower.regions import _recheck
+    from aot.tuning import regions
+    from aot.tuning.regions import _recheck
 
     times = {"aten": [5.0] * 50, "disturbed": [4.0] * 50, "slow": [30.0] * 50}
 
@@ -227,7 +227,7 @@ def test_a_dropped_candidate_that_runs_fast_again_is_measured_anew():
 
 
 def test_the_example_decides_and_the_range_end_settles_near_ties():
-    from aot.lower.regions import _decide, _settle_at_range_end
+    from aot.tuning.regions import _decide, _settle_at_range_end
 
     def stats(**ms):
         return {k: (v, 0.01, 20) for k, v in ms.items()}
@@ -253,7 +253,7 @@ def test_the_example_decides_and_the_range_end_settles_near_ties():
 def _counting_compiles(monkeypatch) -> list:
     """The IREE compiles of programs with compiled ops from now on (not of probes or
     cost modules, nor an ATen region's module of kernel calls alone)."""
-    from aot.lower import compile as compile_mod
+    from aot.tuning import compile as compile_mod
     runs, real = [], compile_mod.try_compile
 
     def counted(asm, *a, **k):
@@ -270,8 +270,8 @@ def test_an_aten_region_far_ahead_of_every_compiled_plan_is_chosen_without_compi
     over ``FLOOR_MARGIN`` times the fastest ATen region, that region is the artifact and
     no IREE program is compiled; the report says why, with both numbers; a second
     compile reuses the decision."""
-    from aot.lower import compile as compile_mod
-    from aot.lower.cost import Floor
+    from aot.tuning import compile as compile_mod
+    from aot.partition.cost import Floor
     monkeypatch.setenv("AOT_CACHE_DIR", str(tmp_path))
     monkeypatch.setattr(compile_mod, "compiled_floor", lambda *a: Floor(1000.0, 1.0, 3))
     runs = _counting_compiles(monkeypatch)
@@ -298,8 +298,8 @@ def test_a_compiled_floor_near_the_aten_region_still_compiles_and_measures_iree(
         monkeypatch, tmp_path):
     """A floor within ``FLOOR_MARGIN`` of the fastest ATen region (here: under it) decides
     nothing: the per-op program is compiled and measured against the regions."""
-    from aot.lower import compile as compile_mod
-    from aot.lower.cost import Floor
+    from aot.tuning import compile as compile_mod
+    from aot.partition.cost import Floor
     monkeypatch.setenv("AOT_CACHE_DIR", str(tmp_path))
     monkeypatch.setattr(compile_mod, "compiled_floor", lambda *a: Floor(1e-4, 0.0, 3))
     runs = _counting_compiles(monkeypatch)
@@ -313,10 +313,10 @@ def test_the_compiled_floor_is_each_heavy_op_at_the_cheaper_of_iree_and_a_kernel
         monkeypatch, tmp_path):
     """``cost.compiled_floor``: per heavy op with a measured cost, IREE's time or ATen's
     plus the crossings and the hand-off, whichever is less; ops without one add nothing."""
-    from aot.lower.cost import CROSSING_MS, Cost, CostCache, compiled_floor, handoff_ms
-    from aot.lower.signatures import op_signature
-    from aot.lower.decisions import heavy_nodes
-    from aot.lower.targets import get_target
+    from aot.partition.cost import CROSSING_MS, Cost, CostCache, compiled_floor, handoff_ms
+    from aot.partition.signatures import op_signature
+    from aot.partition.decisions import heavy_nodes
+    from aot.backend.targets import get_target
     monkeypatch.setenv("AOT_CACHE_DIR", str(tmp_path))
     torch.manual_seed(0)
     m, x = ConvNet().eval(), torch.randn(2, 16, 32, 32)

@@ -1,6 +1,6 @@
 """A measured placement is reproducible: a second compile reuses it; a plan pins it.
 
-The region decision (``aot.lower.regions``) is cached per program and machine, so
+The region decision (``aot.tuning.regions``) is cached per program and machine, so
 compiling the same model twice on one machine gives the same placements and the
 same artifact bytes' decisions; ``CompiledModule.plan()`` pinned into another
 compile gives its choice without measuring; ``AOT_REMEASURE=1`` measures again.
@@ -38,7 +38,7 @@ def cache(tmp_path, monkeypatch):
 def quiet(monkeypatch):
     """The real measurement, its spreads read as zero (a quiet machine, so the decision
     is cached); counts the measurements."""
-    from aot.lower import regions
+    from aot.tuning import regions
     real, calls = regions._time_candidates, []
 
     def timed(cands, example, target):
@@ -86,7 +86,7 @@ def test_a_plan_naming_a_missing_candidate_is_an_error(cache):
 
 
 def test_near_ties_keep_the_earlier_candidate():
-    from aot.lower.regions import _decide
+    from aot.tuning.regions import _decide
     # three candidates tied within MARGIN, all well ahead of iree: the first in order wins
     tied = {"iree": (10.0, 0.2, 9), "iree-sync": (5.0, 0.3, 9), "aten": (4.9, 0.3, 9),
             "aten-prepacked": (4.95, 0.2, 9)}
@@ -115,7 +115,7 @@ def test_near_ties_keep_the_earlier_candidate():
 
 
 def test_noise_never_protects_a_slow_candidate():
-    from aot.lower.regions import MARGIN, _decide
+    from aot.tuning.regions import MARGIN, _decide
     # ViT-B/16 on a busy machine (issue 33): the per-op placement's huge spread kept it
     # against a data-tiled candidate three times faster under the earlier rules
     vit = {"iree": (329.6, 469.2, 9), "iree-sync": (317.9, 389.6, 9),
@@ -145,7 +145,7 @@ def test_noise_never_protects_a_slow_candidate():
 
 def test_a_noisy_decision_is_not_cached(cache, monkeypatch):
     """The measurement is replaced by fixed figures: one noisy, one quiet."""
-    from aot.lower import regions
+    from aot.tuning import regions
     figures = {}
 
     def timed(cands, example, target):

@@ -15,7 +15,7 @@ import aot
 from aot.artifact import CompiledArtifact
 from aot.errors import ArtifactError
 from aot.importer.fx_import import import_graphs, stateless_graph
-from aot.lower.specialize import AT_EXAMPLE
+from aot.tuning.specialize import AT_EXAMPLE
 from aot.models.custom_op import custom_op_model
 
 pytestmark = pytest.mark.slow

@@ -19,8 +19,8 @@ import torch
 import aot
 from aot.fallback.bound import BoundCall
 from aot.fallback.spec import KernelCallSpec, resolve_op
-from aot.lower import stablehlo
-from aot.lower.decisions import op_nodes
+from aot.backend import stablehlo
+from aot.partition.decisions import op_nodes
 
 pytestmark = pytest.mark.skipif(not stablehlo.available(),
                                 reason="torch-mlir is not installed (pip install 'aot[stablehlo]')")

@@ -1,4 +1,4 @@
-"""The data-tiled variant (``aot.lower.tiling``): which programs get one, and that a
+"""The data-tiled variant (``aot.backend.tiling``): which programs get one, and that a
 program compiled with it gives eager's values (float32 rtol 1e-5 / atol 1e-5: IREE's
 summation order)."""
 
@@ -8,9 +8,9 @@ from torch.export import Dim
 
 import aot
 from aot.importer import ImportOptions, import_model
-from aot.lower.placement import PlacementPolicy
-from aot.lower.targets import get_target
-from aot.lower.tiling import (DYNAMIC_TILING_FLAGS, TILING_FLAGS, safe_for_dynamic, tiled_target,
+from aot.partition.placement import PlacementPolicy
+from aot.backend.targets import get_target
+from aot.backend.tiling import (DYNAMIC_TILING_FLAGS, TILING_FLAGS, safe_for_dynamic, tiled_target,
                               untiled, worth_tiling)
 
 

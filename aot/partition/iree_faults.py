@@ -116,7 +116,7 @@ def iree_fault(n: torch.fx.Node, user_inputs: set, via: str = "torch") -> str | 
         return None
     name = n.target._schema.name
     if via == "stablehlo":
-        from .stablehlo import WRONG_LOWERINGS as STABLEHLO_WRONG
+        from ..backend.stablehlo import WRONG_LOWERINGS as STABLEHLO_WRONG
         if name in STABLEHLO_WRONG:
             return STABLEHLO_WRONG[name]
     if updates_input(n, user_inputs):

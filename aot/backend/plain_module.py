@@ -23,11 +23,11 @@ import os
 import re
 
 from ..errors import CompileFailed, UnsupportedOp
-from .compile import compile_model
+from ..tuning.compile import compile_model
 from .iree_compile import first_error, try_compile
-from .partition import partition
-from .placement import PlacementPolicy
-from .prepare import prepare
+from ..partition.partitioner import partition
+from ..partition.placement import PlacementPolicy
+from ..passes.prepare import prepare
 
 __all__ = ["check_plain", "plain_vmfb", "externalize_weights", "PARAMETER_SCOPE"]
 
@@ -44,7 +44,7 @@ def plain_vmfb(imported, target, parameters: str | None = None,
 
     ``example`` (``(args, kwargs)``): on this machine's CPU, the module is compiled
     with the flags measured faster on it (data tiling and microkernels, where matmuls
-    carry the program: ``aot.lower.tiling``), as ``aot.compile`` would. With
+    carry the program: ``aot.backend.tiling``), as ``aot.compile`` would. With
     ``parameters`` (a file path), weights of ``min_bytes`` or more are written there as
     an IREE parameter archive and the module loads them from it."""
     coverage = PlacementPolicy.make("auto", (), "coverage", None)

@@ -24,7 +24,7 @@ would need a kernel call, the program is left as it is.
 Which candidate gets it (``compile._specialized``): the ``iree-tiled`` variant where
 it has no kernel calls, else the per-op artifact where it has none; one extra IREE
 compile (the small encoder: 4 s), before the candidates are measured, so the region
-choice (``aot.lower.regions``) times the specialised candidate at the example
+choice (``aot.tuning.regions``) times the specialised candidate at the example
 against the ATen regions. Nothing in it is measured: a second compile builds the
 same module. The manifest's ``specialized`` entry gives the function and the sizes;
 ``aot report`` says so.
@@ -38,13 +38,13 @@ import time
 
 from ..artifact import CompiledArtifact
 from ..importer.fx_import import import_graphs
-from .linalg_kernels import expand
+from ..backend.linalg_kernels import expand
 from ..importer.program import ImportedProgram
-from .iree_compile import try_compile
-from .partition import partition
-from .placement import PlacementPolicy
-from .prepare import prepare
-from .targets import Target
+from ..backend.iree_compile import try_compile
+from ..partition.partitioner import partition
+from ..partition.placement import PlacementPolicy
+from ..passes.prepare import prepare
+from ..backend.targets import Target
 
 __all__ = ["worth_specializing", "specialize", "combine", "AT_EXAMPLE"]
 log = logging.getLogger(__name__)

@@ -18,7 +18,7 @@ import math
 
 import torch
 
-from .rewrite_nodes import emit_node, source_meta
+from ..partition.rewrite_nodes import emit_node, source_meta
 
 __all__ = ["attention_as_matmuls"]
 

@@ -46,8 +46,8 @@ import torch
 
 from ..importer.program import ImportedProgram
 from .conv_rewrites import as_matmul
-from .flops import node_flops
-from .placement import PlacementPolicy
+from ..partition.flops import node_flops
+from ..partition.placement import PlacementPolicy
 from .targets import Target
 
 __all__ = ["TILING_FLAGS", "DYNAMIC_TILING_FLAGS", "DYNAMIC_UNSAFE", "MATMUL_SHARE", "worth_tiling",

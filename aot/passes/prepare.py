@@ -9,7 +9,7 @@ from ..importer.program import ImportedProgram
 from .bool_fills import bool_fills
 from .fold_bn import fold_batch_norm
 from .fold_constants import fold_constants
-from .placement import PlacementPolicy
+from ..partition.placement import PlacementPolicy
 
 __all__ = ["prepare"]
 

@@ -27,7 +27,7 @@ from .disk_cache import JsonCache
 from ..importer.dynamic import hint
 from .. import timing
 from ..progress import step
-from .targets import Target
+from ..backend.targets import Target
 
 __all__ = ["Cost", "CostCache", "measure_nodes", "measure_decomposed", "start_prefetch",
            "Prefetch", "MIN_FLOPS", "CROSSING_MS", "HANDOFF_MS", "handoff_ms", "Floor",
@@ -38,7 +38,7 @@ MIN_FLOPS = 2_000_000       # below this an op is too small to be worth measurin
 CROSSING_MS = 0.03          # two boundary crossings (~17 us each measured on CPU), rounded up
 # A heavy kernel call between compiled dispatches on IREE's CPU task workers costs more
 # than its crossings: torch's OpenMP team spins after the op on the cores IREE's workers
-# need next (``aot.lower.threads``). MobileNetV3-Small's per-op artifact with three
+# need next (``aot.partition.threads``). MobileNetV3-Small's per-op artifact with three
 # convolutions in ATen, each measured 0.08-0.21 ms faster there alone (0.50 ms in all),
 # ran 12.0 ms a call against 5.5 ms for every op compiled (2-core EPYC, one process,
 # interleaved): 2.3 ms lost per call; 0.69 ms per call with the calls on one thread
@@ -120,7 +120,7 @@ class CostCache(JsonCache):
     def __init__(self, target: Target, directory: str | None = None):
         # the compiled forms are part of the key: a measurement of an op's older
         # compiled form (a convolution before ``conv_rewrites``) is not reused
-        from .compiled_forms import FORMS
+        from ..backend.compiled_forms import FORMS
         super().__init__("cost", target, key=machine_key() + "|" + FORMS, directory=directory)
 
     def get(self, sig: str) -> Cost | None:
@@ -171,13 +171,13 @@ def _run_iree_all(graphs: list[torch.fx.Graph], target: Target, device: str) -> 
 def _compile_all(graphs: list[torch.fx.Graph], target: Target) -> bytes | None:
     """The one-op graphs as one module (function ``op<i>`` per graph), compiled; None
     when IREE fails on it."""
-    from .iree_compile import try_compile
+    from ..backend.iree_compile import try_compile
     return try_compile(_module_text(graphs), target)[0]
 
 
 def _module_text(graphs: list[torch.fx.Graph]) -> str:
     from ..importer.fx_import import import_graph
-    from .linalg_kernels import expand
+    from ..backend.linalg_kernels import expand
     module = None
     for i, g in enumerate(graphs):
         module = import_graph(g, func_name=f"op{i}", module=module)
@@ -207,7 +207,7 @@ class Prefetch:
     def __init__(self, todo: dict[str, torch.fx.Graph], target: Target):
         import concurrent.futures
 
-        from .iree_compile import try_compile
+        from ..backend.iree_compile import try_compile
         self.sigs = list(todo)
         parts = _balanced(todo, min(self.PARTS, len(todo)))
         pool = concurrent.futures.ThreadPoolExecutor(len(parts), thread_name_prefix="aot-cost")
@@ -348,8 +348,8 @@ def _compiled_form(graph: torch.fx.Graph, target: Target) -> torch.fx.Graph:
     a convolution IREE runs badly becomes a matmul, shifted multiply-adds or a named
     channels-last one, attention two matmuls, a global pool a mean): what IREE's side of
     the comparison runs."""
-    from .compiled_forms import emit
-    from .linalg_kernels import named_kernels
+    from ..backend.compiled_forms import emit
+    from ..backend.linalg_kernels import named_kernels
     g, env, named = torch.fx.Graph(), {}, named_kernels(target)
     for n in graph.nodes:
         new = emit(n, g, env, named)

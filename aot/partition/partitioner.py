@@ -26,10 +26,10 @@ from .coverage import CoverageCache
 from .decisions import decide, op_nodes
 from .grouping import Grouping
 from .kernel_calls import rewrite_graph
-from .linalg_kernels import expand, named_kernels
+from ..backend.linalg_kernels import expand, named_kernels
 from .outline import outline_kernel_calls
 from .placement import KERNEL_CALL, Placement, PlacementPolicy
-from .targets import Target
+from ..backend.targets import Target
 
 __all__ = ["PartitionedProgram", "partition", "single_call", "torch_mlir"]
 log = logging.getLogger(__name__)
@@ -37,7 +37,7 @@ log = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class PartitionedProgram:
-    """Made by :func:`partition`, read by ``aot.lower.backend.compile_program``.
+    """Made by :func:`partition`, read by ``aot.backend.build.compile_program``.
 
     ``module`` is the outlined Torch-dialect module (kernel calls are ``func.call``s
     of ``aot_kernels.*`` imports), ``mlir`` its text (printed when first read: the

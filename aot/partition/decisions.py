@@ -31,7 +31,7 @@ from .flops import node_flops
 from .iree_faults import iree_fault
 from .outline import carried
 from .placement import COMPILED, KERNEL_CALL, Placement, PlacementPolicy, matches_forced, op_name
-from .targets import Target
+from ..backend.targets import Target
 
 __all__ = ["Decisions", "decide", "is_assert", "op_nodes"]
 log = logging.getLogger(__name__)
@@ -61,7 +61,7 @@ def decide(ep: ExportedProgram, target: Target, policy: PlacementPolicy,
 
     Args:
         ep: the exported program, before decompositions.
-        target, policy, cache, demoted, assume: as :func:`aot.lower.partition.partition`
+        target, policy, cache, demoted, assume: as :func:`aot.partition.partitioner.partition`
             takes them.
     Returns:
         Decisions.

@@ -25,7 +25,7 @@ per invocation and per crossing can exceed what its code saves.
   thread (and 7.3-9.4 ms under ``OMP_WAIT_POLICY=PASSIVE``; every op compiled: 4.8);
 - ``iree-tiled`` (CPU, programs whose heavy FLOPs are mostly matmuls): the program
   partitioned as ``placement="coverage"`` and compiled with data tiling and
-  microkernels (``aot.lower.tiling``); its own placements go into the manifest;
+  microkernels (``aot.backend.tiling``); its own placements go into the manifest;
 - ``iree-coverage`` (programs whose per-op placement put a few ops in ATen only
   because each measured faster there, priced at the crossings alone: not on IREE's
   CPU task workers, ``compile._coverage_wanted``): the program
@@ -118,8 +118,8 @@ import torch.utils._pytree as pytree
 
 from ..artifact import CompiledArtifact
 from ..fallback import prepack
-from .backend import compile_program
-from .compiled_forms import FORMS
+from ..backend.build import compile_program
+from ..backend.compiled_forms import FORMS
 from ..fallback.quantized_ops import NAMESPACE as QUANTIZED_NAMESPACE
 from ..fallback.executor import ExecOptions
 from ..fallback.layout import has_conv, layout_safe
@@ -128,11 +128,11 @@ from ..importer.program import ImportedProgram
 from .. import timing
 from ..progress import step
 from ..runtime.module import CompiledModule
-from .cost import MIN_FLOPS, Floor, machine_key
-from .flops import node_flops
+from ..partition.cost import MIN_FLOPS, Floor, machine_key
+from ..partition.flops import node_flops
 from ..errors import UnsupportedOp
-from .placement import KERNEL_CALL, Placement, PlacementPolicy
-from .targets import Target
+from ..partition.placement import KERNEL_CALL, Placement, PlacementPolicy
+from ..backend.targets import Target
 
 __all__ = ["may_measure", "worth_measuring", "choose_region", "aten_candidates", "choice", "program_key", "RUNS", "BUDGET_S", "MARGIN"]
 log = logging.getLogger(__name__)
@@ -192,7 +192,7 @@ def choose_region(per_op: CompiledArtifact, imported: ImportedProgram, target: T
     Args:
         per_op: the artifact of the per-op placement.
         variants: more per-op artifacts to measure (``iree-tiled``: compiled with
-            data tiling and microkernels, ``aot.lower.tiling``; ``iree-coverage``).
+            data tiling and microkernels, ``aot.backend.tiling``; ``iree-coverage``).
         imported: the program it was compiled from (batch norm folded).
         policy: its ``plan`` (``CompiledModule.plan()``), when given, pins the choice.
         example: ``(args, kwargs)``, the example inputs to time the candidates on.
@@ -470,7 +470,7 @@ def program_key(imported: ImportedProgram, target: Target, cands: dict) -> str:
 
 
 def _cache(target: Target):
-    from .disk_cache import JsonCache
+    from ..partition.disk_cache import JsonCache
     return JsonCache("regions", target, key=machine_key())
 
 
@@ -502,7 +502,7 @@ def _pinned(plan: dict | None, cands: dict) -> dict | None:
 
 def aten_candidates(imported: ImportedProgram, target: Target) -> dict:
     """The whole-ATen-region candidates for this program and target (none on failure)."""
-    from .partition import partition
+    from ..partition.partitioner import partition
 
     cands = {}
     try:

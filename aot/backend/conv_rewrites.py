@@ -77,7 +77,7 @@ import logging
 import torch
 from torch._subclasses.fake_tensor import FakeTensor
 
-from .rewrite_nodes import emit_node as _emit, shadow, source_meta
+from ..partition.rewrite_nodes import emit_node as _emit, shadow, source_meta
 
 __all__ = ["conv_as_matmul", "depthwise_as_nhwc", "depthwise_as_shifts", "as_matmul"]
 

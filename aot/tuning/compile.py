@@ -21,21 +21,21 @@ from ..artifact import CompiledArtifact
 from ..errors import AotError, CompileFailed, UnsupportedOp
 from ..importer.program import ImportedProgram
 from ..progress import step
-from . import host_program
-from .backend import build_artifact, compile_input, host_artifact, iree_version
-from .cost import MEASURED_FASTER, CostCache, compiled_floor, handoff_ms
-from .coverage import Assumed, assumes_coverage
-from .decisions import heavy_nodes
-from .iree_compile import compile_error, discard_dump, first_error, try_compile
-from .partition import PartitionedProgram, partition
-from .placement import PlacementPolicy
-from .prepare import prepare
+from ..partition import host_program
+from ..backend.build import build_artifact, compile_input, host_artifact, iree_version
+from ..partition.cost import MEASURED_FASTER, CostCache, compiled_floor, handoff_ms
+from ..partition.coverage import Assumed, assumes_coverage
+from ..partition.decisions import heavy_nodes
+from ..backend.iree_compile import compile_error, discard_dump, first_error, try_compile
+from ..partition.partitioner import PartitionedProgram, partition
+from ..partition.placement import PlacementPolicy
+from ..passes.prepare import prepare
 from .recover import blame, grow
 from .regions import (aten_candidates, aten_far_ahead, choose_region, may_measure,
                       pick_variant, worth_measuring)
 from .specialize import specialize, worth_specializing
-from .targets import Target
-from .tiling import DYNAMIC_UNSAFE, safe_for_dynamic, tiled_target, worth_tiling
+from ..backend.targets import Target
+from ..backend.tiling import DYNAMIC_UNSAFE, safe_for_dynamic, tiled_target, worth_tiling
 
 __all__ = ["compile_model", "program_target", "stablehlo_module"]
 log = logging.getLogger(__name__)
@@ -66,7 +66,7 @@ def program_target(imported: ImportedProgram, target: Target) -> Target:
     unsafe = [f for f in target.flags if f in DYNAMIC_UNSAFE]
     if imported.symbols and unsafe:
         log.warning("replacing %s by --iree-global-opt-data-tiling: IREE %s computes wrong "
-                    "results with it on dynamic shapes (aot.lower.tiling.DYNAMIC_UNSAFE)",
+                    "results with it on dynamic shapes (aot.backend.tiling.DYNAMIC_UNSAFE)",
                     " ".join(unsafe), iree_version())
         target = dataclasses.replace(target, flags=safe_for_dynamic(tuple(target.flags)))
     return target
@@ -91,7 +91,7 @@ def compile_model(imported: ImportedProgram, target: Target,
     t0 = time.perf_counter()
     target = program_target(imported, target)
     if not target.runs_here and (policy.placement != "coverage" or example is not None):
-        # another CPU than this one (aot.lower.cpu_targets): nothing is measured here
+        # another CPU than this one (aot.backend.cpu_targets): nothing is measured here
         log.info("%s is not this machine: compiling with placement='coverage', unmeasured",
                  target.name)
         policy, example = dataclasses.replace(policy, placement="coverage"), None
@@ -128,7 +128,7 @@ def compile_model(imported: ImportedProgram, target: Target,
 def stablehlo_module(imported: ImportedProgram, target: Target,
                      policy: PlacementPolicy = PlacementPolicy()) -> str:
     """The program as StableHLO, every kernel call a ``stablehlo.custom_call`` of one ATen
-    op with all its tensor operands (``aot.lower.stablehlo``), partitioned as ``compile_model``
+    op with all its tensor operands (``aot.backend.stablehlo``), partitioned as ``compile_model``
     partitions for ``via="stablehlo"``: ops torch-mlir cannot lower, blamed by its
     errors, run in ATen (under ``fallback="auto"``).
 
@@ -140,7 +140,7 @@ def stablehlo_module(imported: ImportedProgram, target: Target,
         CompileFailed: torch-mlir fails and no op is to blame (or ``fallback`` is not
             ``"auto"``); the message has torch-mlir's first error.
     """
-    from .stablehlo import to_stablehlo
+    from ..backend.stablehlo import to_stablehlo
     target = dataclasses.replace(program_target(imported, target), via="stablehlo")
     # one custom call per ATen op
     policy = dataclasses.replace(policy, group=False, placement="coverage", plan=None)
@@ -252,7 +252,7 @@ def _aten_far_ahead(imported: ImportedProgram, target: Target, policy: Placement
 def _specialized(art: CompiledArtifact, variants: dict, imported: ImportedProgram,
                  target: Target, policy: PlacementPolicy) -> tuple[CompiledArtifact, dict]:
     """A dynamic program's compiled candidate with its static form at the example's
-    sizes beside it (``aot.lower.specialize``), before candidates are measured: the
+    sizes beside it (``aot.tuning.specialize``), before candidates are measured: the
     ``iree-tiled`` variant where it has no kernel calls, else the per-op artifact
     where it has none (one extra IREE compile)."""
     tiled = variants.get("iree-tiled")

@@ -30,7 +30,7 @@ class PlacementPolicy:
     fallback_ops: tuple[str, ...] = ()
     placement: str = "auto"  # "auto": heavy ops go where they measure faster; "coverage"
     group: bool = True       # neighbouring kernel calls run as one crossing
-    plan: dict | None = None  # a previous compile's decisions to reuse (``aot.lower.regions``)
+    plan: dict | None = None  # a previous compile's decisions to reuse (``aot.tuning.regions``)
 
     def __post_init__(self):
         if self.placement not in PLACEMENTS:

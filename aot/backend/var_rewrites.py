@@ -19,7 +19,7 @@ import math
 
 import torch
 
-from .rewrite_nodes import emit_node as _emit, shadow, source_meta
+from ..partition.rewrite_nodes import emit_node as _emit, shadow, source_meta
 
 __all__ = ["variance_two_pass"]
 

@@ -19,12 +19,12 @@ from ..importer.locations import node_location
 from ..importer.program import ImportedProgram
 from ..torch_tensor import TorchTensor
 from ..treespec import dump_treespec
-from . import host_program
+from ..partition import host_program
 from .iree_compile import compile_error, try_compile
-from .partition import PartitionedProgram
-from .placement import KERNEL_CALL, Placement, PlacementPolicy, op_name
+from ..partition.partitioner import PartitionedProgram
+from ..partition.placement import KERNEL_CALL, Placement, PlacementPolicy, op_name
 from .targets import Target
-from .threads import one_thread_calls
+from ..partition.threads import one_thread_calls
 
 __all__ = ["compile_program", "build_artifact", "host_artifact", "compile_input", "iree_version"]
 
@@ -33,7 +33,7 @@ def compile_program(p: PartitionedProgram) -> CompiledArtifact:
     """Compile the partitioned module for its target.
 
     Args:
-        p: from ``aot.lower.partition``.
+        p: from ``aot.partition.partitioner``.
     Returns:
         CompiledArtifact (vmfb + manifest).
     Raises:

@@ -14,7 +14,7 @@ import os
 import re
 import threading
 
-from .targets import Target
+from ..backend.targets import Target
 
 __all__ = ["JsonCache"]
 log = logging.getLogger(__name__)

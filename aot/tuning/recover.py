@@ -20,8 +20,8 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 
-from .iree_compile import first_error
-from .placement import COMPILED, Placement
+from ..backend.iree_compile import first_error
+from ..partition.placement import COMPILED, Placement
 
 __all__ = ["blame", "grow"]
 

@@ -1,1 +1,0 @@
-"""Compile side: partition (placement + outlining) and IREE compilation."""
