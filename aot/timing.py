@@ -15,7 +15,7 @@ import statistics
 import time
 from typing import Callable, Iterable
 
-__all__ = ["block", "interleaved", "median_ms", "medians", "spread", "rotations"]
+__all__ = ["block", "interleaved", "median_ms", "medians", "spread", "rotated", "rotations"]
 
 
 def _nothing() -> None:
@@ -51,12 +51,17 @@ def block(fn: Callable[[], object], calls: int, *, warm_s: float = 0.0,
     return out
 
 
+def rotated(names: list[str], r: int) -> list[str]:
+    """``names`` in round ``r``'s order: rotated by one every round, so each follows each
+    other one equally often."""
+    k = r % len(names) if names else 0
+    return names[k:] + names[:k]
+
+
 def rotations(names: list[str], rounds: int) -> Iterable[list[str]]:
-    """``names`` in the order of each round: rotated by one every round, so each
-    follows each other one equally often."""
+    """``names`` in the order of each of ``rounds`` rounds (``rotated``)."""
     for r in range(rounds):
-        k = r % len(names) if names else 0
-        yield names[k:] + names[:k]
+        yield rotated(names, r)
 
 
 def interleaved(fns: dict[str, Callable[[], object]], rounds: int, calls: int = 1, *,

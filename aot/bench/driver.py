@@ -8,6 +8,7 @@ from typing import Callable
 
 import torch
 
+from .. import timing
 from . import isolated, suite
 from .suite import Row
 
@@ -63,11 +64,10 @@ def run_model_in_process(name: str, systems, runs: int, warmup: int, target: str
             active = [s for s in fns if suite.wants_more(samples[s], runs, min_seconds)]
             if not active:
                 break
-            # the order rotates every round, so each system follows each other one
-            # equally often (a call runs slower right after IREE's worker threads ran)
-            k = done % len(active)
+            # a call runs slower right after IREE's worker threads ran: the order rotates
+            order = timing.rotated(active, done)
             done += 1
-            for s in active[k:] + active[:k]:
+            for s in order:
                 xs, peak, n = suite.time_block(fns[s], example, sync, counters[s])
                 samples[s] += xs
                 peaks[s] = max(peaks[s], peak)

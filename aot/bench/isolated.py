@@ -53,6 +53,7 @@ import time
 from multiprocessing.connection import Connection
 from typing import Callable
 
+from .. import timing
 from . import suite
 from .suite import Row
 
@@ -178,11 +179,9 @@ def run_model_isolated(name: str, systems, runs: int, warmup: int, target: str,
             active = [s for s in workers if suite.wants_more(samples[s], runs, min_seconds)]
             if not active:
                 break
-            # the order rotates every round, so each system follows each other one
-            # equally often
-            k = done % len(active)
+            order = timing.rotated(active, done)
             done += 1
-            for s in active[k:] + active[:k]:
+            for s in order:
                 try:
                     msg = workers[s].ask(("block",), block_timeout_s, "timing")
                     if "error" in msg:

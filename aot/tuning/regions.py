@@ -587,7 +587,7 @@ def _time_candidates(cands: dict[str, CompiledArtifact], example, target: Target
         for r in range(rounds):
             if r >= 2 and time.perf_counter() > deadline:
                 break
-            _round(mods, names[r % len(names):] + names[:r % len(names)], args, kwargs,
+            _round(mods, timing.rotated(names, r), args, kwargs,
                    sync, samples, settled)
             if r >= 1 or slow:
                 names = _in_race(samples, names)
@@ -599,7 +599,7 @@ def _time_candidates(cands: dict[str, CompiledArtifact], example, target: Target
         todo, r = _remeasure(_stats(samples)), 0
         while todo and time.perf_counter() < deadline and \
                 max(len(samples[k]) for k in todo) < _MAX_RUNS:
-            _round(mods, todo[r % len(todo):] + todo[:r % len(todo)], args, kwargs, sync,
+            _round(mods, timing.rotated(todo, r), args, kwargs, sync,
                    samples, settled)
             r += 1
             todo = _remeasure(_stats(samples))
