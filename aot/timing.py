@@ -15,7 +15,8 @@ import statistics
 import time
 from typing import Callable, Iterable
 
-__all__ = ["block", "interleaved", "median_ms", "medians", "spread", "rotated", "rotations"]
+__all__ = ["block", "interleaved", "median_ms", "medians", "spread", "rotated", "rotations",
+           "rounds_while"]
 
 
 def _nothing() -> None:
@@ -62,6 +63,18 @@ def rotations(names: list[str], rounds: int) -> Iterable[list[str]]:
     """``names`` in the order of each of ``rounds`` rounds (``rotated``)."""
     for r in range(rounds):
         yield rotated(names, r)
+
+
+def rounds_while(names, more: Callable[[str], bool]) -> Iterable[list[str]]:
+    """Rounds of the ``names`` (read anew every round: an iterable that may shrink) for
+    which ``more(name)`` holds, in rotating order, until it holds for none."""
+    r = 0
+    while True:
+        active = [k for k in names if more(k)]
+        if not active:
+            return
+        yield rotated(active, r)
+        r += 1
 
 
 def interleaved(fns: dict[str, Callable[[], object]], rounds: int, calls: int = 1, *,

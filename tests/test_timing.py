@@ -38,3 +38,14 @@ def test_medians_and_spread():
     assert timing.spread([1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0]) == 2.25
     ms = timing.median_ms(lambda: time.sleep(0.003), runs=5)
     assert 2.5 < ms < 60
+
+
+def test_rounds_go_on_while_any_wants_more():
+    counts = {"a": 0, "b": 0, "c": 0}
+    wanted = {"a": 1, "b": 3, "c": 2}
+    orders = []
+    for order in timing.rounds_while(counts, lambda k: counts[k] < wanted[k]):
+        orders.append(order)
+        for k in order:
+            counts[k] += 1
+    assert orders == [["a", "b", "c"], ["c", "b"], ["b"]]  # rotated among those left

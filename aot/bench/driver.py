@@ -59,14 +59,9 @@ def run_model_in_process(name: str, systems, runs: int, warmup: int, target: str
                 fn(*example)
         log(f"{name}: timing {len(fns)} systems x {runs}+ runs in interleaved blocks, "
             "in this process ...")
-        done = 0
-        while True:
-            active = [s for s in fns if suite.wants_more(samples[s], runs, min_seconds)]
-            if not active:
-                break
-            # a call runs slower right after IREE's worker threads ran: the order rotates
-            order = timing.rotated(active, done)
-            done += 1
+        # a call runs slower right after IREE's worker threads ran: the order rotates
+        for order in timing.rounds_while(
+                fns, lambda s: suite.wants_more(samples[s], runs, min_seconds)):
             for s in order:
                 xs, peak, n = suite.time_block(fns[s], example, sync, counters[s])
                 samples[s] += xs

@@ -174,14 +174,11 @@ def run_model_isolated(name: str, systems, runs: int, warmup: int, target: str,
         log(f"{name}: timing {len(workers)} systems x {runs}+ runs, each in its own "
             "process, in interleaved blocks ...")
         loud: set[str] = set()
-        done = 0
-        while True:
-            active = [s for s in workers if suite.wants_more(samples[s], runs, min_seconds)]
-            if not active:
-                break
-            order = timing.rotated(active, done)
-            done += 1
+        for order in timing.rounds_while(
+                workers, lambda s: suite.wants_more(samples[s], runs, min_seconds)):
             for s in order:
+                if s not in workers:  # lost earlier in this round
+                    continue
                 try:
                     msg = workers[s].ask(("block",), block_timeout_s, "timing")
                     if "error" in msg:
