@@ -132,9 +132,9 @@ def export_vmfb(model, args=(), path=None, *, example_kwargs=None, target: str =
 
     ``parameters``: a path: weights of 4 KiB or more are written there as an IREE
     parameter archive (``.irpa``, scope ``model``: run with
-    ``--parameters=model=FILE``) and the module holds only the code (ResNet18: 0.3 MB
-    instead of 47 MB). ``target``: as ``compile``'s (``"cpu:aarch64-linux-gnu"`` makes
-    a module for another CPU).
+    ``--parameters=model=FILE``) and the module holds only the code, a small
+    fraction of its size with the weights inside. ``target``: as ``compile``'s
+    (``"cpu:aarch64-linux-gnu"`` makes a module for another CPU).
 
     Raises:
         UnsupportedOp: some ops would still run in ATen (kernel calls need this

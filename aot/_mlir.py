@@ -19,9 +19,9 @@ __all__ = ["ir", "FxImporter", "FxImporterHooks", "RefTracker", "new_context"]
 
 # The bindings look up a Python module of op classes for each op's dialect as it is
 # touched, and retry an import that failed every time: the torch dialect has none in
-# iree.compiler.dialects, so importing and walking MobileNetV3-Small's module searched
-# sys.path 21,906 times (2 of a partition's 4.3 s). An empty module under our own
-# prefix ends the search: torch ops stay generic operations, as before.
+# iree.compiler.dialects, so importing and walking a module searched sys.path again at
+# every torch op, a large share of a partition's time. An empty module under our own
+# prefix ends the search: torch ops stay generic operations, as without it.
 _DIALECTS = "aot._mlir_dialects"
 if _DIALECTS not in _bindings.globals.dialect_search_modules:
     sys.modules[f"{_DIALECTS}.torch"] = types.ModuleType(

@@ -49,7 +49,7 @@ def compile_program(p: PartitionedProgram) -> CompiledArtifact:
 
 def compile_input(p: PartitionedProgram) -> str | bytes:
     """What iree-compile reads: MLIR bytecode, where the weights are bytes (as text they
-    are hex, 690 MB for ViT-B/16, 2-3 s to print and as long to parse); the text where
+    are hex: a large model's text takes seconds to print and as long to parse); the text where
     torch-mlir reads it first (``via="stablehlo"``)."""
     return p.bytecode() if p.target.via == "torch" else p.mlir
 

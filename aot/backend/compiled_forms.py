@@ -1,7 +1,7 @@
 """The forms the partitioner emits for compiled ops that IREE runs badly as written.
 
 Each rewrite computes the op's own arithmetic in ops IREE 3.13 compiles well
-(measured per op; the numbers are in each module): convolutions as matmuls or
+(each module says what IREE does with the op as written): convolutions as matmuls or
 shifted multiply-adds (``conv_rewrites``), attention as two matmuls around a
 softmax (``attention_rewrites``), global average pooling as a mean
 (``pool_rewrites``), linear layers on 3-D and 4-D inputs as 2-D ones

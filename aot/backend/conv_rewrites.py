@@ -5,39 +5,24 @@ kxk convolution is a matmul over its im2col columns (k*k slices stacked; two
 ``unfold`` views and one transposing copy where strided; a view and one transposing
 copy where the stride is the kernel: a patch embedding).
 IREE lowers the convolution forms to loop nests far slower than oneDNN, and runs
-matmuls at parity (issue 15). Measured here, compiled alone (median ms):
-conv 1x1 s2 64->128 at 56x56 31.8 -> 0.21 (eager 0.24); conv 3x3 s2 64->128 at
-56x56 5.09 -> 1.19 (eager 0.68); the 7x7 s2 stem 10.2 -> 3.76 (eager 1.23).
-Unstrided 3x3 convolutions (padding 1), on the 2-core AMD EPYC machine of
-2026-11-24: 64 ch at 56x56 8.0 -> 3.2 (eager 1.6), 128 at 28x28 6.9 -> 2.3 (1.5),
-256 at 14x14 30.9 -> 8.2 (1.6), 512 at 7x7 31.5 -> 6.0 (2.1); with data tiling and
-microkernels (``tiling``) the 256-channel one takes 2.0. (An earlier session had
-measured im2col no better for them and left them alone: torchvision ResNet18 under
-``placement="coverage"`` then ran at 235 ms, now 44 ms, eager 33.) Every output
-element is the same sum of the same products, so the rewrites are exact up to the
-summation order IREE picks anyway.
+matmuls at parity (issue 15), so 1x1, strided and unstrided kxk convolutions alike
+run faster as matmuls, and data tiling with microkernels (``tiling``) brings those
+matmuls closer still to eager. Every output element is the same
+sum of the same products, so the rewrites are exact up to the summation order IREE
+picks anyway.
 
 A depthwise convolution (one filter per channel) is the sum over its kernel taps of
 the shifted input times that tap's per-channel weight (``depthwise_as_shifts``),
-elementwise work IREE fuses into one loop; its convolution form ran 2-11x slower
-(median ms, compiled alone; eager in brackets): 3x3 32 ch at 112x112 4.42 -> 0.39
-(0.43), 3x3 144 ch at 56x56 2.12 -> 0.43 (0.31), 3x3 576 ch at 14x14 0.58 -> 0.23
-(0.16), 5x5 240 ch at 28x28 1.38 -> 0.87 (0.23). Under ``placement="coverage"``:
-MobileNetV2 19.8 -> 9.3 ms (eager 15.3), MobileNetV3-Small 7.5 -> 6.0 (7.7),
-EfficientNet-B0 51.8 -> 33 (22-25).
+elementwise work IREE fuses into one loop, faster (often several times) than
+IREE's convolution form of it.
 
 Where the target takes it (IREE's CPU backend, ``linalg_kernels.named_kernels``), a
 float32 depthwise convolution that is strided or has more than 3x3 taps is instead
 IREE's named channels-last depthwise convolution between two permutations
-(``depthwise_as_nhwc``): 3 dispatches instead of 5-10 (MobileNetV3-Small's program 128
--> 80 executables, compiled in 12.5 s instead of 14.1; 4.7 ms a call instead of 5.5
-under ``iree-benchmark-module``). Compiled alone (median ms, channels-last -> shifted,
-2-core EPYC, 2026-11-26): 3x3 s2 16 ch at 112x112 0.35 -> 0.43, 96 ch 0.75 -> 2.77,
-72 ch at 56x56 0.37 -> 0.45; 5x5 s2 144 ch at 56x56 0.47 -> 1.06, 240 ch at 28x28 0.30
--> 0.51; 5x5 240 ch at 28x28 0.42 -> 2.57; 7x7 96 ch at 56x56 0.95 -> 3.99 (the
-convolution form, over the shifted ones' limit), batch 4 7.1 -> 34.8. Unstrided 3x3
-ones stay shifted: there the permutations cost more than they save (32 ch at 112x112
-0.68 -> 0.37, 144 ch at 56x56 0.73 -> 0.35, 384 ch at 14x14 0.31 -> 0.28).
+(``depthwise_as_nhwc``): 3 dispatches instead of 5-10, so fewer executables, a
+shorter compile and faster calls; for those kernels it beats the shifted form.
+Unstrided 3x3 ones stay shifted: there the permutations cost more than they save.
+``benchmarks/depthwise_forms.py`` measures the two forms end to end.
 
 A strided tap read as a strided slice makes IREE gather element by element; so a
 strided depthwise convolution splits its input into stride phases (``_phases``: a
@@ -46,24 +31,13 @@ every s-th column from ``b``) and each tap reads a unit-stride window of one pha
 Where the input comes from an activation IREE computes cheaply (ReLU, ReLU6,
 hardswish), the split comes first and the phases are padded after it: IREE fuses the
 activation into the transposing copy. Otherwise the input is padded first: split
-first, a SiLU was fused into the transposing copy and ran there element by element
-(1x1 conv 16 -> 96 + SiLU + this 3x3 s2 at 112x112: 3.28 ms, padded first 1.51;
-with ReLU6 split first 1.06, padded first 1.15). Measured (2-core AMD EPYC, medians
-of 160 calls, interleaved, ms; with the ReLU6 after it; strided slices -> phases,
-eager in brackets): 3x3 s2 96 ch at 112x112 2.37 -> 0.72 (0.34), 72 ch at 56x56 0.40
--> 0.16 (0.26), 144 ch at 56x56 0.73 -> 0.21 (0.18), 5x5 s2 144 ch at 56x56 1.90 ->
-0.37 (0.22), 5x5 s2 240 ch at 28x28 0.61 -> 0.23 (0.12) (strided 5x5 kernels were
-left as convolutions before: 3-5x slower). Under ``placement="coverage"``, one
-interleaved run: MobileNetV3-Small 3.47 -> 2.81 ms (eager 6.34), MobileNetV2 11.86 ->
-8.69 (17.93), EfficientNet-B0 14.90 -> 13.90 (21.42).
+first, an expensive activation such as SiLU would be fused into the transposing copy
+and run there element by element, slower than padding first.
 
 Kernels of more than 25 taps (ConvNeXt's 7x7) are shifted only where the output is
-at most 2.5 MiB: IREE fuses about six taps into one loop and writes each partial sum
-out, cheap while it stays in cache. 7x7 (ms, conv form -> shifted, eager in
-brackets): 96 ch at 56x56 batch 1 5.5 -> 1.8 (0.46), batch 2 8.4 -> 4.4 (0.65),
-batch 4 24.0 -> 34.7 (1.14), batch 8 32.8 -> 67.6 (2.9); 384 ch at 14x14 batch 1 1.5
--> 0.52 (0.19), batch 8 (2.4 MiB) 6.6 -> 4.6 (0.51); 192 ch at 28x28 batch 8 (4.8
-MiB) 15.9 -> 37.3 (6.2).
+at most 2.5 MiB (``SMALL_OUTPUT``): IREE fuses about six taps into one loop and
+writes each partial sum out, cheap while it stays in cache; over that the
+convolution form wins.
 
 The partitioner emits these forms only for the convolutions it compiles
 (``conv_as_matmul``, ``depthwise_as_shifts``, through ``compiled_forms``); under
@@ -205,8 +179,8 @@ def _phase_window(g, cur, val, origin, offset, stride, size, keep):
 
 def _cheap(n) -> bool:
     """Whether IREE may fuse ``n`` into the transposing copy of ``_phases``: an op that
-    costs nothing there (measured: ReLU6 fused in that copy 0.22 ms for 96 x 112 x 112
-    values, SiLU 1.6 ms)."""
+    costs next to nothing there (a clamp such as ReLU6 does; SiLU's exponential does
+    not)."""
     return isinstance(n, torch.fx.Node) and n.op == "call_function" and n.target in _CHEAP
 
 
@@ -257,7 +231,7 @@ def depthwise_as_nhwc(node: torch.fx.Node, g: torch.fx.Graph, env: dict
     wn = env[w]
     if isinstance(wn, torch.Tensor) and not isinstance(wn, FakeTensor) and not wn.is_meta:
         # a weight held in the program: permuted here, not by IREE's constant evaluation
-        # (which compiles and runs a module of its own: 1.6 s for MobileNetV3-Small's)
+        # (which compiles and runs a module of its own, seconds of compile time)
         wn = wn.detach().reshape(ch, kh, kw).permute(1, 2, 0).contiguous()
     else:
         wn = _emit(g, aten.view.default, (wn, [ch, kh, kw]), wv.permute(2, 0, 1), keep)
@@ -341,8 +315,8 @@ def _columns(g, cur, val, taps, stride, size, keep):
 def _patches(g, cur, val, taps, size, keep):
     """``(node, value)``: ``_columns`` of a convolution whose stride is its kernel (a
     patch embedding: ViT's 16x16, Swin's and ConvNeXt's 4x4 stems), where the windows
-    do not overlap: a view and one transposing copy instead of a slice per tap (ViT-B/16's
-    256 slices took IREE 20 s to compile alone)."""
+    do not overlap: a view and one transposing copy instead of a slice per tap (a 16x16
+    patch's 256 slices take IREE long to compile)."""
     (kh, kw), (ho, wo) = taps, size
     n, c = int(val.shape[0]), int(val.shape[1])
     cur, val = _window(g, cur, val, (0, 0), (1, 1), (ho * kh, wo * kw), keep)  # the rest unread
@@ -356,12 +330,9 @@ def _patches(g, cur, val, taps, size, keep):
 def _unfolded(g, cur, val, taps, stride, size, keep):
     """``(node, value)``: ``_columns`` of a strided convolution as two sliding-window views
     (``unfold``) and one transposing copy, which IREE makes one dispatch instead of one
-    strided slice copy per tap. Measured on the 2-core EPYC (compiled alone with the
-    ReLU after it, median ms of 9 interleaved rounds, strided slices -> unfold): 3x3 s2
-    3->16 at 224x224 0.63 -> 0.51, 3->32 0.76 -> 0.63, 128->256 at 28x28 2.65 -> 2.13;
-    the 7x7 s2 stem 3->64 5.47 -> 6.10, but 51 dispatches -> 3 (its compile alone 2.4 ->
-    0.7 s). Unstrided kernels keep their slices: each is a contiguous copy of rows, and
-    as one transposing copy 64 channels at 56x56 ran 3.21 -> 4.74."""
+    strided slice copy per tap: mostly faster to run, and far fewer dispatches to
+    compile (a 7x7 stem's dozens become 3). Unstrided kernels keep their slices: each is
+    a contiguous copy of rows, faster than one transposing copy."""
     (kh, kw), (sh, sw) = taps, stride
     for dim, k, s in ((2, kh, sh), (3, kw, sw)):
         val = val.unfold(dim, k, s)

@@ -11,12 +11,11 @@ one is ``"cpu:<name>"``:
 
 Every CPU target is resolved here, before anything compiles, into a
 :class:`CpuTarget`: its architecture, triple, CPU and the LLVM features its code may
-use, as IREE resolves them (a 20 ms ``--compile-to=preprocessing`` of an empty module
+use, as IREE resolves them (a quick ``--compile-to=preprocessing`` of an empty module
 with the target's flags, extra flags included). The manifest records it, and the
 runtime checks the host against it before opening a module (``aot.runtime.host_cpu``):
 IREE itself refuses another architecture only with a device error and does not check
-features at all (code using an instruction the CPU lacks dies of SIGILL, measured on
-IREE 3.13 with an avx512fp16 matmul on a Zen 5).
+features at all (code using an instruction the CPU lacks dies of SIGILL).
 
 A target other than this machine is compiled without measuring anything here
 (``placement="coverage"``): placement by measurement times code on this machine,

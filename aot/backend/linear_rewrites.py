@@ -4,9 +4,9 @@ IREE 3.13 lowers ``linear(x, w, b)`` with ``x`` of shape ``[..., k]`` (three or 
 dimensions: a transformer's ``[batch, tokens, width]``, ConvNeXt's channels-last
 ``[batch, h, w, channels]``) as a batched matmul against the weight broadcast over
 every leading index but the last: it copies the weight once per batch row, every
-call. ConvNeXt-T at batch 8 under ``placement="coverage"`` spent 2.1 of its 3.5 s a
-call in those copies (``elementwise_broadcast_56x3072x768``: the 768 x 3072 weight
-written out 56 times, 0.2-0.37 s each; ``benchmarks/dispatch_profile.py``). As
+call, and in a large model those copies can take most of a call's time
+(``benchmarks/dispatch_profile.py`` shows them as ``elementwise_broadcast_*``
+dispatches). As
 ``reshape(linear(reshape(x, [-1, k]), w, b), [..., n])`` it is one matmul over all
 rows against the weight as it is. The rows are the same dot products, so the rewrite
 is exact up to summation order.

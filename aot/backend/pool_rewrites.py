@@ -4,11 +4,10 @@ IREE 3.13 lowers ``adaptive_avg_pool2d(x, [1, 1])`` (the squeeze-excitation bloc
 MobileNetV3 and EfficientNet, every torchvision classifier's last pool) through a
 pooling op whose window tensor is a dummy ``i1`` operand; its CPU backend turns it
 into a scalar loop that gathers one element at a time, with the padding of the
-producer fused in as selects. Per dispatch (``iree-benchmark-module``, IREE's
-host-execution profile, 2-core AMD EPYC): 16x56x56 took 744 us, 240x14x14 285 us;
-MobileNetV3-Small's ten pools took 1.68 ms of 5.72 ms of dispatch time. As
-``mean(x, [-2, -1], keepdim=True)`` they are vectorised reductions (all ten: 77 us),
-and the whole program runs 6.4 -> 5.5 ms. ``adaptive_avg_pool2d`` to 1x1 is the
+producer fused in as selects; in a squeeze-excitation network those pools can take
+a large share of the dispatch time (``benchmarks/dispatch_profile.py``). As
+``mean(x, [-2, -1], keepdim=True)`` they are vectorised reductions, a small fraction
+of that. ``adaptive_avg_pool2d`` to 1x1 is the
 mean of each channel's plane by definition (sum over H*W, divided by H*W), so the
 rewrite is exact up to summation order.
 """

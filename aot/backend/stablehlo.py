@@ -53,7 +53,7 @@ _SCALAR_TENSOR = {"i64": "tensor<i64>", "f32": "tensor<f32>"}
 
 # Ops torch-mlir lowers to StableHLO with another meaning than eager's: on this path
 # they run in ATen whatever the probe says (``iree_faults.iree_fault``). Each rule is a
-# wrong answer measured with torch-mlir 20261001 (tests/lower/test_stablehlo.py).
+# wrong answer measured with torch-mlir 20261001 (tests/backend/test_stablehlo.py).
 WRONG_LOWERINGS = {
     # remainder(-7, 3): eager 2 (the divisor's sign), StableHLO's remainder -1 (fmod)
     "aten::remainder": "torch-mlir lowers it to stablehlo.remainder, which takes the "

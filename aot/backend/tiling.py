@@ -1,11 +1,9 @@
 """A second compile of the program with data tiling and microkernels, to measure.
 
-IREE 3.13's CPU matmuls without data tiling run about 3x slower than with it
-(``--iree-opt-data-tiling --iree-llvmcpu-enable-ukernels=all``) on this project's
-2-core AMD EPYC: a 197x768 by 768x3072 linear (ViT-B/16's MLP) takes 18.5 ms
-against 6.1 ms (``iree-benchmark-module``, ATen 5.5 ms). The same flags make
-depthwise-heavy convolution networks slower (MobileNetV2 under
-``placement="coverage"``: 12.4 ms -> 15.8 ms). Flags are global to one IREE
+IREE 3.13's CPU matmuls without data tiling run several times slower than with it
+(``--iree-opt-data-tiling --iree-llvmcpu-enable-ukernels=all``), which brings them
+near ATen's. The same flags make depthwise-heavy convolution networks slower
+(``benchmarks/flag_sweep.py`` compares flag sets per model). Flags are global to one IREE
 compile, so the choice is per program, by measurement: where matmul-family ops
 (linear, mm, bmm, matmul, addmm, baddbmm; under ``placement="coverage"`` also the
 convolutions ``conv_rewrites`` emits as matmuls) carry at least ``MATMUL_SHARE`` of
@@ -22,10 +20,9 @@ stands). Never under ``fallback="all"`` (bit-exact round trip), the
 data-tiling or microkernel flags.
 
 Convolutions count only under ``placement="coverage"``: there every convolution is
-compiled and the tiled matmuls pay (torchvision ResNet18 44 -> 34 ms, eager 33);
-under the default placement the convolution networks' ATen regions win anyway
-(ResNet50: ``aten-prepacked`` 52 ms, ``iree-tiled`` 72 ms), and the variant's compile
-cost 14 s of a 43 s cold compile.
+compiled and the tiled matmuls pay; under the default placement the convolution
+networks' ATen regions win anyway, and the variant would only add a large share to
+the compile time.
 
 IREE 3.13 has two data-tiling paths. ``--iree-opt-data-tiling`` picks the one that
 starts in dispatch creation, which computes wrong results on dynamic shapes:
@@ -33,8 +30,8 @@ starts in dispatch creation, which computes wrong results on dynamic shapes:
 sequence dynamic, is exact up to 64 tokens and off by up to 27 from 65 on (with or
 without microkernels). The path that starts in global optimization
 (``--iree-global-opt-data-tiling``) is exact on the same programs, so a dynamic
-program is tiled through it (``DYNAMIC_TILING_FLAGS``): the small BERT encoder with a
-dynamic batch at batch 1, seq 128 runs 1.1 ms tiled against 2.0 ms untiled.
+program is tiled through it (``DYNAMIC_TILING_FLAGS``), and keeps data tiling's
+speed-up.
 """
 
 from __future__ import annotations

@@ -3,11 +3,10 @@ deviations from it.
 
 IREE 3.13 computes ``var`` / ``std`` in one pass (the mean of the squares less the
 square of the mean), which cancels catastrophically where the mean is large against
-the spread: float32 values in ``[10000, 10001)``, 4096 per reduction, gave a variance
-100% off (ATen: 2e-8 relative), values in ``[100, 101)``, 262144 per reduction, 40%
-off. Two passes are the textbook stable form: the deviations are small, so their
-squares sum without cancelling. IREE's float32 sums themselves lose digits on large
-values (4096 values near 1e4 summed ~0.5 off in their mean), so both passes run on the
+the spread: for float32 values a few units wide around 1e4 the result can be wholly
+wrong, where ATen's is exact to float32 rounding. Two passes are the textbook stable
+form: the deviations are small, so their squares sum without cancelling. IREE's
+float32 sums themselves lose digits on large values, so both passes run on the
 values less each slice's first element (the shifted-data form: the variance does not
 change, and the values summed are about the spread). Half-precision inputs are
 widened to float32 first, as ATen accumulates them.
@@ -52,7 +51,7 @@ def variance_two_pass(node: torch.fx.Node, g: torch.fx.Graph, env: dict
         cur = _emit(g, aten._to_copy.default, (cur,), val, keep)
         cur.kwargs = {"dtype": torch.float32}
     # shifted by each slice's first element: the values summed are then about the
-    # spread, not the mean (IREE's float32 sum of 4096 values near 1e4 was ~0.5 off)
+    # spread, not the mean (IREE's float32 sums lose digits on large values)
     k_cur, k_val = cur, val
     for d in dims:
         k_val = k_val.narrow(d, 0, 1)

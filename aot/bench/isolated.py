@@ -1,8 +1,8 @@
 """Each benchmarked system in its own worker process, timed round by round by a coordinator.
 
 On a small machine the systems' thread pools (ONNX Runtime's, OpenVINO's, IREE's,
-torch's OpenMP) interfere when they share a process: eager EfficientNet-B0 measured
-232 ms beside the others on 2 vCPUs, 32 ms alone. So, per model:
+torch's OpenMP) interfere when they share a process, enough to make a system
+several times slower beside the others than alone. So, per model:
 
 - The coordinator (the process running ``aot bench``) starts one worker per system:
   a fresh interpreter, ``python -m aot.bench.isolated``, talking to it over a socket

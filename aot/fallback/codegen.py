@@ -26,10 +26,10 @@ failing line of the generated code is the member's index.
 
 A slot is dropped (set to None) right after its last reader, as eager drops an
 intermediate when its last use returns: the group's peak memory is what is live,
-not every intermediate of the call. Holding them all made each call of a large
-region allocate fresh memory and fault its pages in (torchvision ConvNeXt-T's ATen
-region: 99 ms a call against eager's 75 ms, when glibc returned the freed heap
-between calls). Readers are the tensor operands of plain calls and the ``reads`` of
+not every intermediate of the call. Holding them all would make each call of a
+large region allocate fresh memory and fault its pages in, slower than eager
+wherever glibc returns the freed heap between calls (``aot.fallback.heap``).
+Readers are the tensor operands of plain calls and the ``reads`` of
 steps; a fusion's absorbed members read nothing (their step reads for them). A
 group with a step of unknown reads keeps every slot.
 """

@@ -2,10 +2,10 @@
 
 Calling an ``OpOverload`` goes through its Python ``__call__`` and then a
 generic schema-driven conversion of every argument to an ``IValue``
-(``op._op``, about 3 µs for ``permute`` on the 2-core test machine). The
+(``op._op``, a few microseconds for a cheap op such as ``permute``). The
 functions torch generates for its public API (``torch._C._VariableFunctions``,
 ``torch._C._nn``, tensor methods) parse their arguments with specialised code
-and reach the same kernel through the same dispatcher in about half of that.
+and reach the same kernel through the same dispatcher in much less.
 For a region of small ops (BERT's views, adds, layer norms) that is a visible
 share of the run time.
 

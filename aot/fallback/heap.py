@@ -4,9 +4,9 @@ ATen allocates every intermediate of a kernel call or ATen region with
 ``posix_memalign`` and frees it when its last reader returns. glibc serves
 blocks over its mmap threshold with a fresh ``mmap`` and unmaps them on free, and
 gives freed memory at the top of its heap back to the kernel once more than its
-trim threshold is free. Either way the next call faults every page in again:
-eager MobileViT-S took ~9,600 minor page faults a call on a 2-vCPU EPYC and ran
-108-131 ms; with freed memory kept, 17-85 faults and 69-85 ms. Scratch that
+trim threshold is free. Either way the next call faults every page in again,
+thousands of minor page faults a call for a mid-sized model, which can cost a large
+share of its run time; with freed memory kept, next to none. Scratch that
 kernels allocate internally (oneDNN's, im2col buffers) is served the same way, so
 this covers what an ``out=`` form cannot.
 

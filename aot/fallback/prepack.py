@@ -19,13 +19,13 @@ on the CPU (``ExecOptions(prepack=True)``) it can do what eager cannot:
   (nothing else reads them);
 - a 1x1 convolution of a 1x1 input (squeeze-excitation's two convolutions on the
   pooled vector) runs as ``addmm`` on a transposed weight, its activation after it:
-  oneDNN takes about 57 us for such a matrix-vector product on the 2-core machine,
-  ``addmm`` 5-11 us (EfficientNet-B0 has 32 of them);
+  oneDNN's fixed cost per call dwarfs such a matrix-vector product, which ``addmm``
+  does several times faster;
 - a ``linear`` with a constant 2-D weight runs as ``mkl._mkl_linear`` on a
   weight packed once for its static batch size; where its input's size follows a
   dynamic dimension (MKL packs for one batch size), as oneDNN's
-  ``mkldnn._linear_pointwise``, which takes any (BERT-base's 128x768 -> 3072:
-  2.89 ms against 3.41 for ``F.linear`` and 3.54 for MKL's packed weight, 2 cores);
+  ``mkldnn._linear_pointwise``, which takes any and runs faster than ``F.linear``
+  or MKL's packed weight there;
 - attention written out as ``softmax(q @ k.transpose(-2, -1) / c) @ v`` (the
   division optional, or a multiplication) runs as one
   ``scaled_dot_product_attention`` (ATen's fused CPU kernel), when nothing else

@@ -208,8 +208,8 @@ def _linear(x, w, w_scales, w_zps, axis, bias, x_scale, x_zp, out_scale, out_zp,
 # --- where ATen's int8 kernels saturate ----------------------------------------------------
 # fbgemm's and oneDNN's u8 x s8 kernels on a CPU without VNNI multiply with ``vpmaddubsw``,
 # which sums each pair of products in int16 and saturates: an activation above 127 beside
-# a weight near -128 or 127 overflows it (measured on an AVX2 EPYC: a 3x3x16 convolution
-# of full-range activations off by 35,000 in the accumulator). What is right depends on
+# a weight near -128 or 127 overflows it (a convolution of full-range activations can be
+# off by tens of thousands in the accumulator). What is right depends on
 # what the program means. An eager-mode quantized model *is* ATen's kernels (its x86
 # qconfig keeps activations to 7 bits, but a value past the calibrated range reaches
 # 255 in eager too): its kernel calls stay ATen's, bit-exact with eager. A PT2E program

@@ -17,9 +17,9 @@ its order and rounded to float32 as there, round half to even, clamped to
 - qnnpack: the bias rounded to int32 and added to the accumulator, then
   ``round(acc * ((sx*sw) * (1 / so))) + zo``.
 
-Measured against ATen's kernels on 16.7 M random outputs each: fbgemm and oneDNN
-linears bit-exact, oneDNN convolutions 2 values one step apart (the fbgemm formula
-alone left ~80 per 16.7 M there). Averages are taken over ``x - zp`` and rounded half
+Against ATen's kernels on random inputs, fbgemm and oneDNN linears are bit-exact and
+oneDNN convolutions a rare value one step apart (the fbgemm formula alone would leave
+many more there). Averages are taken over ``x - zp`` and rounded half
 to even as ATen's pooling kernels do; activations without integer arithmetic of
 their own go through float32 between a dequantize and a quantize, as ATen's do.
 
@@ -100,8 +100,8 @@ def _f32(v: float) -> float:
     """``v`` as the float32 number ATen's kernels compute with. Every float constant of
     a decomposition is one already: IREE 3.13 (through the FX importer) narrows a
     float64 constant to float32 toward zero, not to the nearest (``x * (1 / 0.0371)``
-    multiplied by 26.954178 instead of 26.95418; measured: 7 of 4.2 M quantized values
-    a step off)."""
+    multiplies by 26.954178 instead of 26.95418, enough to put a few quantized values in
+    a million a step off)."""
     return float(np.float32(v))
 
 
@@ -113,8 +113,8 @@ def _f32_reciprocal_twice(v: float) -> float:
 def _onednn_requantized(acc, x_scale, w_scales, bias, out_scale, out_zero_point, relu, shape):
     """oneDNN, as PyTorch calls it: the input and output scales go to ideep as their
     float32 reciprocals and oneDNN inverts them again; the weight scales go as they
-    are, in float32 (measured: inverting them twice too leaves 4 of 33.5 M random
-    convolution outputs a step off, as they are none). Then
+    are, in float32 (inverting them twice too would put a few outputs in ten million a
+    step off; as they are, none). Then
     ``((acc * sx) * sw + b) * (1 / so) + zo``, each step in float32, the zero point
     added before rounding."""
     sx = _f32_reciprocal_twice(x_scale)
@@ -130,7 +130,8 @@ def _onednn_requantized(acc, x_scale, w_scales, bias, out_scale, out_zero_point,
 def _rounded_product(a: torch.Tensor, b) -> torch.Tensor:
     """``a * b`` rounded to float32 even where an add follows: IREE's llvm-cpu marks
     float multiplies and adds ``contract``, so ``a * b + c`` becomes one fused
-    multiply-add, rounded once (measured: 7 of 5.2 M requantized values moved a step).
+    multiply-add, rounded once (enough to move a few requantized values in a million a
+    step).
     A clamp to the finite floats between them changes no value and is not a
     multiply, so nothing is fused across it."""
     return torch.clamp(a * b, -_F32_MAX, _F32_MAX)
@@ -206,7 +207,7 @@ def _fused_dequantize(x, scale, zero_point):
     with ``s = ms * 2**es`` and ``p = float32(-zp * s) = mp * 2**ep``, ``q * s + p`` is
     ``(q * ms * 2**(es - e) + mp * 2**(ep - e)) * 2**e`` for ``e = min(es, ep)``; one
     int64 to float32 conversion rounds it, the power of two scales it exactly.
-    Measured: ResNet50's adds, 1 of 450 k outputs a step off without it."""
+    Without it, a rare output of a quantized add lands a step off."""
     s = np.float32(scale)
     p = np.float32(s * np.float32(-int(zero_point)))
     (ms, es), (mp, ep) = (_integer_significand(v) for v in (s, p))
@@ -228,8 +229,8 @@ def _qnnpack_add(a, a_scale, a_zero_point, b, b_scale, b_zero_point, out_scale,
     """qnnpack's add: each input's scale over the output's, in float32, becomes an
     integer multiplier of about 22 bits, with one shift for both so that the larger
     multiplier lies in [2**21, 2**22); the sum of ``multiplier * (q - zp)`` is shifted
-    right, rounding half away from zero. Measured against ATen under qnnpack: 0 of 3 M
-    random outputs differ (through real numbers: about 6 per million)."""
+    right, rounding half away from zero. Against ATen under qnnpack it is bit-exact on
+    random inputs (computed through real numbers, a few values per million differ)."""
     ratios = [np.float32(np.float32(s) / np.float32(out_scale)) for s in (a_scale, b_scale)]
     exponent = int(np.frexp(max(ratios))[1]) - 1  # max(ratios) = m * 2**exponent, 1 <= m < 2
     shift = 21 - exponent

@@ -35,14 +35,12 @@ __all__ = ["Cost", "CostCache", "measure_nodes", "measure_decomposed", "start_pr
 log = logging.getLogger(__name__)
 
 MIN_FLOPS = 2_000_000       # below this an op is too small to be worth measuring or moving
-CROSSING_MS = 0.03          # two boundary crossings (~17 us each measured on CPU), rounded up
+CROSSING_MS = 0.03          # two CPU boundary crossings, rounded up (benchmarks/boundary_cost.py)
 # A heavy kernel call between compiled dispatches on IREE's CPU task workers costs more
 # than its crossings: torch's OpenMP team spins after the op on the cores IREE's workers
-# need next (``aot.partition.threads``). MobileNetV3-Small's per-op artifact with three
-# convolutions in ATen, each measured 0.08-0.21 ms faster there alone (0.50 ms in all),
-# ran 12.0 ms a call against 5.5 ms for every op compiled (2-core EPYC, one process,
-# interleaved): 2.3 ms lost per call; 0.69 ms per call with the calls on one thread
-# (8.06 against 6.49 in the region measurement), 0.47 under OMP_WAIT_POLICY=PASSIVE.
+# need next (``aot.partition.threads``). On few cores that costs a fraction of a
+# millisecond per kernel call even with the call on one thread, more than a heavy op
+# usually saves by running in ATen (``benchmarks/thread_budget.py`` measures it).
 HANDOFF_MS = 0.5
 _RUNS = 7
 
@@ -187,19 +185,19 @@ def _module_text(graphs: list[torch.fx.Graph]) -> str:
 class Prefetch:
     """The IREE side of the heavy op signatures not yet measured, compiled in the
     background while coverage is probed (``start_prefetch``). The probe leaves these
-    signatures out, so each is compiled once instead of twice: MobileNetV3-Small, cold,
-    took 19.4 s to probe and 15.1 s for its cost module one after the other, 19.9 s for
-    both this way (its convolutions were 12.4 s of the probe). Only the compiles overlap:
-    nothing is timed until both are done.
+    signatures out, so each is compiled once instead of twice, and the cost module's
+    compile overlaps the probe's instead of following it (``benchmarks/compile_time.py``
+    measures the stages). Only the compiles overlap: nothing is timed until both are
+    done.
 
     The signatures are split into ``PARTS`` modules compiled side by side: IREE 3.13
-    configures a module's executables one after another (about 55 ms each on the 2-core
-    EPYC), so one module keeps one core busy for most of its compile.
+    configures a module's executables one after another, so one module keeps one core
+    busy for most of its compile.
 
     ``take(sigs)`` waits for it and gives ``{sig: (vmfb, function index, graph)}`` for
     those of ``sigs`` it compiled. The probe leaves these signatures to it
     (``covered()``); those of a module that fails (an op IREE does not lower) are
-    probed, and the covered ones compiled again for their costs, as before.
+    probed, and the covered ones compiled again for their costs, as without a prefetch.
     """
 
     PARTS = 2
@@ -223,7 +221,7 @@ class Prefetch:
     def _vmfb(future) -> bytes | None:
         try:
             return future.result()
-        except Exception as e:  # best effort: the signatures are compiled as before
+        except Exception as e:  # best effort: the signatures are compiled as without a prefetch
             log.info("the cost prefetch failed: %s", e)
             return None
 
@@ -264,7 +262,7 @@ def start_prefetch(nodes: list[torch.fx.Node], target: Target, cache: CostCache)
             continue
         try:
             todo[sig] = _compiled_form(_probe_graph(n), target)
-        except Exception as e:  # measured (or not) as before, after probing
+        except Exception as e:  # measured (or not) after probing, as without a prefetch
             log.info("no prefetch for %s: %s", sig, e)
     return Prefetch(todo, target) if todo else None
 
@@ -362,7 +360,7 @@ def measure_nodes(nodes: list[torch.fx.Node], target: Target, cache: CostCache,
     """Cost per op signature of ``nodes`` (measured once per machine, then cached).
 
     The IREE side of every signature not in the cache is compiled in one module
-    (one compiler run instead of one per signature: ResNet50 has 24), or was already,
+    (one compiler run instead of one per signature, of which a deep CNN has many), or was already,
     by ``prefetch``."""
     device = "cpu" if target.driver.startswith("local") else "cuda"
     out: dict[str, Cost] = {}

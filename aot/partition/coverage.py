@@ -46,8 +46,8 @@ class CoverageCache(JsonCache):
 
     The data-tiling flags of a tiled variant (``tiling``) do not count: whether IREE
     lowers an op is the plain target's verdict (a tiled compile that fails anyway
-    drops its variant), so the variant's partition probes nothing again (ResNet50:
-    43 signatures, ~3 s of a cold compile).
+    drops its variant), so the variant's partition probes nothing again (a deep
+    network's dozens of signatures, seconds of a cold compile).
     """
 
     def __init__(self, target: Target, directory: str | None = None):
@@ -174,8 +174,8 @@ def probe_nodes(nodes: list[torch.fx.Node], target: Target,
     ``compiled``: a module of some of these signatures' one-op functions (as the
     partitioner compiles them) compiling beside the probe, with ``sigs`` and ``covered()``
     (``cost.Prefetch``: the heavy ops' cost measurement). Its signatures are left out of
-    the probe and covered when it compiles, probed as the others when it does not: the
-    convolutions were two thirds of MobileNetV3-Small's probe (12.4 of 18.2 s)."""
+    the probe and covered when it compiles, probed as the others when it does not: in a
+    convolution network the heavy ops are most of the probe's compile time."""
     sigs: dict[str, torch.fx.Node] = {}
     for n in nodes:
         sigs.setdefault(op_signature(n), n)

@@ -21,8 +21,8 @@ _MAX_COUNTS = 4096
 
 def _may_count(op: torch._ops.OpOverload) -> bool:
     """Whether running ``op`` can reach a FLOP formula: it has one, or it decomposes into
-    other ops (``conv2d`` into ``convolution``). Elementwise ops have none: not run (for
-    EfficientNet-B0's 1521 questions a compile asks, 1 s of running ops on fake tensors)."""
+    other ops (``conv2d`` into ``convolution``). Elementwise ops have none: not run (a
+    compile asks about every node, and running each on fake tensors adds up)."""
     from torch.utils.flop_counter import flop_registry
     return op.overloadpacket in flop_registry or op.has_kernel_for_dispatch_key(
         torch._C.DispatchKey.CompositeImplicitAutograd)

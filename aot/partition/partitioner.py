@@ -41,8 +41,8 @@ class PartitionedProgram:
 
     ``module`` is the outlined Torch-dialect module (kernel calls are ``func.call``s
     of ``aot_kernels.*`` imports), ``mlir`` its text (printed when first read: the
-    weights are hex in it, 690 MB for ViT-B/16, 2-3 s to print and as long for
-    iree-compile to parse), ``bytecode()`` its MLIR bytecode (the weights as bytes);
+    weights are hex in it, so a large model's text takes seconds to print and as long
+    for iree-compile to parse), ``bytecode()`` its MLIR bytecode (the weights as bytes);
     ``placements`` has one row per op, in graph order; ``kernel_calls[i].key`` names
     the i-th host function.
     """

@@ -6,8 +6,9 @@ user's line, and its ``val`` (the fake tensor the partitioner reads shapes from)
 
 A rewrite of many nodes works out their values on ``shadow`` tensors (the meta
 device: a shape function in C++) instead of the fake tensors themselves (each op
-through FakeTensorMode's Python dispatch, about 0.3 ms): EfficientNet-B0's depthwise
-convolutions spent 4 s of a compile there. ``emit_node`` makes the node's fake tensor.
+through FakeTensorMode's Python dispatch, a fraction of a millisecond each): a rewrite
+emitting many nodes per op, over a network of many such ops, would spend seconds of
+a compile there. ``emit_node`` makes the node's fake tensor.
 """
 
 from __future__ import annotations

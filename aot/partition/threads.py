@@ -5,10 +5,10 @@ device was opened with) while the calling thread waits; a kernel call runs ATen 
 the calling thread, which wakes torch's OpenMP team for any op over ATen's grain
 size. After the op, the team's threads spin for a while before they sleep, on the
 cores IREE's workers need for the next dispatch: two pools then compete for the
-same cores. MobileNetV3-Small with its 19 hardswish ops as kernel calls between
-compiled convolutions ran 19.6 ms a call that way on a 2-vCPU EPYC, and 9.7-11.3 ms
-with those calls on the calling thread alone (the op itself: 34 us on two threads,
-54 us on one).
+same cores. For light ops (a few tens of microseconds) between compiled dispatches
+that contention costs far more than the team's parallelism saves: on few cores such
+a program can run about twice as fast with those calls on the calling thread alone
+(``benchmarks/thread_budget.py``).
 
 So a light kernel call in such a program runs on the calling thread alone
 (``ExecOptions.one_thread_calls``): every op it runs is an ATen or prims op whose

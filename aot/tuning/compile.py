@@ -237,8 +237,8 @@ def _aten_far_ahead(imported: ImportedProgram, target: Target, policy: Placement
     plan can come near it (``regions.aten_far_ahead``, from the heavy ops' measured
     costs), else ``(None, the candidates or None)``. Not for dynamic programs, pinned
     plans, or programs with a data-tiled variant (whose matmuls the per-op costs do not
-    measure). ResNet50 cold on the 2-core EPYC: its per-op program and three variants
-    measured 115-210 ms against ``aten-prepacked``'s 71-86, its floor 118 ms."""
+    measure). Where ATen's prepacked region already beats the floor, compiling the
+    per-op program and its variants only to lose the race is wasted compile time."""
     if imported.symbols or policy.plan or not may_measure(target, policy) \
             or worth_tiling(imported, target, policy):
         return None, None
@@ -276,10 +276,10 @@ def _variant_program(imported: ImportedProgram, target: Target, policy: Placemen
     - ``iree-coverage``: compiled as the per-op artifact is, where the per-op placement
       put between 1 and ``COVERAGE_MAX_CALLS`` ops in ATen because ATen measured faster
       on each alone. A few kernel calls between compiled ops hand work from IREE's
-      worker threads to ATen's and back: MobileNetV3-Small's four (predicted to save
-      0.33 ms in all) measured 11.8 ms a call in the zoo bench against 5.8 ms for the
-      program all compiled. Programs with more such calls (ResNet50 51) gain little
-      from the variant and pay its compile (4-15 s).
+      worker threads to ATen's and back, and those hand-offs can cost more than the
+      calls save, so the all-compiled program is worth measuring beside them.
+      Programs with more such calls gain little from the variant and still pay its
+      compile.
     """
     tiled = worth_tiling(imported, target, policy)
     if tiled:
@@ -318,9 +318,9 @@ def _without_calls_that_do_not_pay(p: PartitionedProgram, imported: ImportedProg
     """The per-op placement ``p``, or the program partitioned with every op IREE covers
     compiled where ``p``'s kernel calls of ops that measured faster in ATen save less in
     all than their hand-offs cost (``cost.handoff_ms`` each, on IREE's CPU task workers):
-    one compile instead of the per-op one and an ``iree-coverage`` variant beside it
-    (MobileNetV3-Small, 2-core EPYC, cold: 34.1 s against 44.4 s, the same choice). The
-    placements of those ops say why they are compiled."""
+    one compile instead of the per-op one and an ``iree-coverage`` variant beside it,
+    reaching the same choice in less compile time. The placements of those ops say why
+    they are compiled."""
     handoff = handoff_ms(target)
     measured = [pl for pl in p.placements if pl.saving_ms is not None]
     if not handoff or not measured or policy.placement != "auto" \

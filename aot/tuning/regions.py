@@ -20,9 +20,8 @@ per invocation and per crossing can exceed what its code saves.
 - ``iree-one-thread`` (CPU, the same condition, when some kernel call keeps torch's
   threads): the same artifact with every kernel call on the calling thread alone
   (``threads``). After a heavy call, torch's OpenMP team spins on the cores IREE's
-  workers need next: MobileNetV3-Small's per-op artifact with three convolutions in
-  ATen ran 10.8-11.9 ms a call on a 2-vCPU EPYC, 6.0-6.8 ms with those calls on one
-  thread (and 7.3-9.4 ms under ``OMP_WAIT_POLICY=PASSIVE``; every op compiled: 4.8);
+  workers need next, so on few cores a handful of heavy kernel calls can cost more
+  in contention than their threads save (``benchmarks/thread_budget.py``);
 - ``iree-tiled`` (CPU, programs whose heavy FLOPs are mostly matmuls): the program
   partitioned as ``placement="coverage"`` and compiled with data tiling and
   microkernels (``aot.backend.tiling``); its own placements go into the manifest;
@@ -42,11 +41,10 @@ per invocation and per crossing can exceed what its code saves.
 
 No candidate changes the quantized engine: a quantized program's kernel calls
 run the engine recorded at compile (``aot.fallback.quantized_ops.compile_engine``),
-so every candidate gives eager int8's answers bit for bit. (An earlier candidate
-packed x86 programs' weights for oneDNN: 1.1x faster on MobileNetV2, but one
-quantization step away from eager on a few values per million, which random-weight
-MobileNetV2 amplified to 7 steps on its logits. A user who wants oneDNN's kernels
-sets that engine before compiling.)
+so every candidate gives eager int8's answers bit for bit. (No candidate packs
+weights for oneDNN: its kernels can round a few values one quantization step away
+from eager's, and a deep network amplifies that on its outputs. A user who wants
+oneDNN's kernels sets that engine before compiling.)
 
 The manifest's ``"region"`` entry and the report give every candidate's time.
 Nothing is measured (the per-op placement stands) when the target device is
@@ -55,21 +53,18 @@ not on this machine, or under any option other than the defaults
 
 **Measuring.** Candidates run in blocks: per round, each candidate (in an order
 that rotates every round) is called untimed for at least ``_WARM_S`` (one call at
-least), then several timed calls. Interleaving single calls made a candidate pay
-for the threads its predecessor left spinning: on 2 cores MobileNetV3-Small's
-``aten-prepacked`` timed 13.0 ms in one compile and 5.0 ms in another. An idle gap
-between blocks (a 5 ms sleep) made it worse the other way: after it, the next
-calls of a fast program ran up to 1.7x slower than its steady state, decaying
-over several calls (custom_op's ``aten``: 0.131, 0.110, 0.100 ... ms against 0.075
-run alone), so fast programs measured 20-40% slow. Warm-up by time, without a
-sleep, puts every timed call at steady state: per block position the same within
-2%, and within a few percent of the candidate run alone. A candidate whose call takes
-``_SLOW_S`` or more (ViT-B/16 at batch 8: 1.7 s) has no untimed call before its blocks,
-and the last of its warm-up calls sizes the rounds instead of one more probe call: a
-thread settling for a millisecond is lost in such a call, and the untimed calls were a
-third of the candidates' calls (ViT-B/16 batch 8 compiled in 210 s cold). Its blocks are
-``_BLOCK_SLOW`` calls: the first two rounds (which every candidate runs) were 14 of
-ViT-B/16's 24 s of timing on the 2-core EPYC, at 0.3-0.6 s a call.
+least), then several timed calls. Single calls interleaved would make a candidate
+pay for the threads its predecessor left spinning, and on few cores that swamps
+the difference between candidates. An idle gap between blocks is no cure: after
+one, the next calls of a fast program run slower than its steady state, decaying
+over several calls. Warm-up by time, without a sleep, puts every timed call at
+steady state, close to the candidate's time run alone. A candidate whose call takes
+``_SLOW_S`` or more has no untimed call before its blocks, and the last of its
+warm-up calls sizes the rounds instead of one more probe call: a thread settling
+for a millisecond is lost in such a call, while untimed calls of a slow program
+would be a large share of the compile time. Its blocks are ``_BLOCK_SLOW`` calls,
+since the first two rounds (which every candidate runs) dominate a slow program's
+timing.
 
 **Deciding.** Each candidate's median and spread (half its interquartile range)
 are recorded. The fastest median wins, except that a candidate earlier in a fixed
@@ -81,12 +76,10 @@ medians, estimated from the spreads and sample counts, or a spread over ``NOISY`
 of its median with a median within its spread of the fastest) is measured again,
 rotating, for up to ``EXTRA_S``; if the order is still unclear after that, the
 faster median wins and the region entry names the pair as ``"undecided"``. So the
-choice's median is never more than ``MARGIN`` above the fastest measured. (Two
-earlier rules let noise protect the first candidate: "win by more than both
-spreads", then "the earlier candidate stands while undecided"; ViT-B/16's per-op
-placement, measured at 329.6 ms +- 469.2 on a busy machine, was kept against a
-data-tiled candidate at 107.8 +- 3.4.) The entry's ``why`` says in words why the
-winner won.
+choice's median is never more than ``MARGIN`` above the fastest measured. (A rule
+such as "win by more than both spreads" would let one noisy measurement of the
+first candidate keep it against a far faster one.) The entry's ``why`` says in
+words why the winner won.
 
 **Reproducing.** A decision is cached on disk (``$AOT_CACHE_DIR``, like the
 coverage verdicts) under a key of the program, its example input specs, the
@@ -294,8 +287,7 @@ def aten_far_ahead(imported: ImportedProgram, target: Target, policy: PlacementP
     best = region["chosen"]
     ms = region["candidates_ms"][best]
     # its lower quartile: noise only slows calls, and a slowed ATen region must not send
-    # a program IREE cannot win for a compile (ResNet50 measured 75 ms, then once over
-    # 113 in a noisy minute, against a floor of 142)
+    # a program IREE cannot win for a compile
     low = ms - region.get("spread_ms", {}).get(best, 0.0)
     if low * FLOOR_MARGIN >= floor.compiled_ms:
         log.info("%s: the ATen region (%s, %.3f ms) is not far enough ahead of the compiled "
@@ -611,8 +603,7 @@ def _time_candidates(cands: dict[str, CompiledArtifact], example, target: Target
 def _in_race(samples: dict[str, list], names: list[str]) -> list[str]:
     """``names`` without the candidates whose fastest call so far is ``OUT_OF_RACE``
     times the best median or slower: noise only makes calls slower, so such a
-    candidate cannot win however often it is timed again (ResNet50's per-op
-    candidates at 145 ms beside ``aten-prepacked`` at 87). Their samples are kept."""
+    candidate cannot win however often it is timed again. Their samples are kept."""
     best = min(statistics.median(samples[k]) for k in names)
     return [k for k in names if min(samples[k]) < OUT_OF_RACE * best]
 
@@ -685,10 +676,10 @@ def _settle_at_range_end(region: dict, stats: dict, end_stats: dict) -> None:
     range's end by more than ``MARGIN`` than the choice replaces it. The end's
     medians go in the region entry (``at_range_end_ms``) and the report.
 
-    Measured on the small BERT encoder, batch 1..32: data-tiled IREE 1.08 ms at batch
-    1 and 58.7 ms at 32, the ATen region 1.26 and 35.0 ms. No single choice is best
-    at both ends, and averaging the two (a geometric mean, before) gave up 15% at the
-    example for the far end; an example at the size called most gets that size right.
+    Over a dynamic range, no single candidate need be best at both ends (data-tiled
+    IREE can lead at small batches and an ATen region at large ones), and averaging
+    the two ends would give up speed at the example for the far end; an example at
+    the size called most gets that size right (``benchmarks/dynamic_sweep.py``).
     """
     region["at_range_end_ms"] = {k: round(v[0], 4) for k, v in end_stats.items()}
     chosen = region["chosen"]

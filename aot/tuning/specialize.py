@@ -1,11 +1,9 @@
 """A dynamic program's compiled code specialised at the example's sizes, in one module.
 
 IREE's code for dynamic sizes is slower than its code for the same sizes known
-at compile time: on the small BERT encoder with a dynamic batch (1..32), called at
-its example's batch of 1, the whole program all compiled takes 1.28 ms against
-1.09 ms compiled for batch 1 (layer norms 0.112 against 0.051 ms, the FFN 0.354
-against 0.232; interleaved, 2-core AMD EPYC). The example's sizes are the ones the
-user said they call most (as a TensorRT profile's ``opt`` shape), so a dynamic
+at compile time (reductions such as layer norms lose the most). The example's
+sizes are the ones the user said they call most (as a TensorRT profile's ``opt``
+shape), so a dynamic
 program whose chosen placement is all compiled code (no kernel calls) also gets
 its static form at those sizes, as a second entry function of the same module:
 ``main`` (the dynamic program, every size in range) and ``main_at_example`` (the
@@ -13,17 +11,17 @@ example's sizes). The runtime calls ``main_at_example`` when every symbol is bou
 to its example size, ``main`` otherwise.
 
 One ``.vmfb``; nothing is compiled at call time, and a weight is one constant,
-read by both functions (``import_graphs``): the small encoder's module grows from
-2.24 to 2.30 MB. (A ``torch.prim.If`` on the sizes inside one ``main`` gave the
-static branch static speed without data tiling, but not with it: IREE's tiled
-code in the branch ran as slowly as the dynamic code.) The static function is
+read by both functions (``import_graphs``), so the module grows only by the second
+function's code. (Not a ``torch.prim.If`` on the sizes inside one ``main``: with
+data tiling, IREE's tiled code in such a static branch runs as slowly as the
+dynamic code.) The static function is
 the model imported again without ``dynamic_shapes`` (``ImportedProgram.at_example``),
 partitioned with the chosen placement and compiled with the chosen flags; where it
 would need a kernel call, the program is left as it is.
 
 Which candidate gets it (``compile._specialized``): the ``iree-tiled`` variant where
 it has no kernel calls, else the per-op artifact where it has none; one extra IREE
-compile (the small encoder: 4 s), before the candidates are measured, so the region
+compile, before the candidates are measured, so the region
 choice (``aot.tuning.regions``) times the specialised candidate at the example
 against the ATen regions. Nothing in it is measured: a second compile builds the
 same module. The manifest's ``specialized`` entry gives the function and the sizes;
