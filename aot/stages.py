@@ -21,7 +21,7 @@ from .importer.program import ImportedProgram, ImportOptions, import_model
 from .tuning.compile import compile_model, stablehlo_module
 from .partition.partitioner import partition, torch_mlir
 from .partition.placement import PlacementPolicy
-from .backend.plain_module import plain_vmfb
+from .tuning.plain_module import plain_vmfb
 from .passes.prepare import prepare
 from .backend.targets import Target, get_target
 from .plan import read_plan
@@ -90,7 +90,7 @@ class Exported:
         return stablehlo_module(self.imported, self.options.target, self.options.policy)
 
     def vmfb(self, parameters: str | None = None) -> bytes:
-        """A plain IREE module, every op compiled (``aot.backend.plain_module``)."""
+        """A plain IREE module, every op compiled (``aot.tuning.plain_module``)."""
         return plain_vmfb(self.imported, self.options.target, parameters, example=self.example)
 
     def compile(self) -> CompiledArtifact:

@@ -1,3 +1,3 @@
 """The IREE backend: the targets and their flags, the forms IREE runs well
 (``compiled_forms``), the Torch-or-StableHLO input, ``iree-compile``, and the artifact
-built from its module (``build``); plain IREE modules (``plain_module``)."""
+built from its module (``build``)."""

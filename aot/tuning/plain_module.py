@@ -23,8 +23,8 @@ import os
 import re
 
 from ..errors import CompileFailed, UnsupportedOp
-from ..tuning.compile import compile_model
-from .iree_compile import first_error, try_compile
+from .compile import compile_model
+from ..backend.iree_compile import first_error, try_compile
 from ..partition.partitioner import partition
 from ..partition.placement import PlacementPolicy
 from ..passes.prepare import prepare
