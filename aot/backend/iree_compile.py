@@ -9,7 +9,7 @@ import shutil
 import tempfile
 import time
 
-from iree.compiler import CompilerToolError, compile_str
+from iree.compiler import CompilerToolError, compile_file
 
 from ..errors import CompileFailed
 from .targets import Target
@@ -31,15 +31,26 @@ def try_compile(asm: str | bytes, target: Target) -> tuple[bytes | None, str]:
         if shlo is None:
             return None, diag
         asm, input_type = host_calls(shlo), "stablehlo"
-    try:
-        return _compile(asm, target, input_type), ""
-    except CompilerToolError as e:
-        return None, str(e)
+    return _compile(asm, target, input_type)
 
 
-def _compile(asm: str, target: Target, input_type: str = "torch") -> bytes:
-    return compile_str(asm, target_backends=[target.backend], input_type=input_type,
-                       extra_args=list(target.flags))
+def _compile(asm: str | bytes, target: Target, input_type: str = "torch"
+             ) -> tuple[bytes | None, str]:
+    """Through files, not pipes: a program's weights make input and output hundreds of
+    MB, which a pipe moves in page-sized writes under the GIL (seconds of a compile).
+    The diagnostics name the input ``<stdin>``, as for text piped in (``recover.blame``
+    reads lines by it)."""
+    with tempfile.TemporaryDirectory(prefix="aot-iree-") as d:
+        src, out = os.path.join(d, "input.mlir"), os.path.join(d, "output.vmfb")
+        with open(src, "wb") as f:
+            f.write(asm.encode() if isinstance(asm, str) else asm)
+        try:
+            compile_file(src, output_file=out, target_backends=[target.backend],
+                         input_type=input_type, extra_args=list(target.flags))
+        except CompilerToolError as e:
+            return None, str(e).replace(src, "<stdin>")
+        with open(out, "rb") as f:
+            return f.read(), ""
 
 
 def compile_mlir(asm: str, target: Target, *, what: str = "model") -> bytes:

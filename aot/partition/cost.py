@@ -43,6 +43,10 @@ CROSSING_MS = 0.03          # two CPU boundary crossings, rounded up (benchmarks
 # usually saves by running in ATen (``benchmarks/thread_budget.py`` measures it).
 HANDOFF_MS = 0.5
 _RUNS = 7
+# an op whose warm-up call takes this long is timed _RUNS_LONG times: its median is
+# steady with fewer calls, and a slow decomposition's calls add up over dozens of signatures
+_LONG_MS = 5.0
+_RUNS_LONG = 3
 
 
 @dataclass(frozen=True)
@@ -146,7 +150,8 @@ def _real(val, device):
 
 
 def _median_ms(fn, runs: int = _RUNS) -> float:
-    return timing.median_ms(fn, runs, warmup=1)
+    warm = timing.block(fn, 1)[0]  # the warm-up call, timed to size the rest
+    return timing.median_ms(fn, runs if warm < _LONG_MS else min(runs, _RUNS_LONG), warmup=0)
 
 
 def _run_iree_ms(graph: torch.fx.Graph, target: Target, device: str) -> float | None:
@@ -164,6 +169,20 @@ def _run_iree_all(graphs: list[torch.fx.Graph], target: Target, device: str) -> 
     if len(graphs) == 1:
         return [None]
     return [_run_iree_all([g], target, device)[0] for g in graphs]
+
+
+def _iree_times(graphs: dict[str, torch.fx.Graph], ready: dict[str, tuple], target: Target,
+                device: str) -> dict[str, float | None]:
+    """``{sig: IREE ms}`` of the compiled ``ready`` ones (``Prefetch.take``) and of
+    ``graphs``, compiled here (one module, each alone where that fails)."""
+    iree: dict[str, float | None] = {}
+    for vmfb in {id(v): v for v, _, _ in ready.values()}.values():  # one module at a time
+        part = {sig: (i, g) for sig, (v, i, g) in ready.items() if v is vmfb}
+        timed = {i: g for i, g in part.values()}
+        iree.update(zip(part, _time_functions(vmfb, timed, target, device)))
+    if graphs:
+        iree.update(zip(graphs, _run_iree_all(list(graphs.values()), target, device)))
+    return iree
 
 
 def _compile_all(graphs: list[torch.fx.Graph], target: Target) -> bytes | None:
@@ -289,42 +308,69 @@ def _time_functions(vmfb: bytes, graphs: dict[int, torch.fx.Graph], target: Targ
     return times
 
 
-def measure_decomposed(node: torch.fx.Node, decomposition, target: Target,
-                       cache: CostCache) -> Cost:
-    """ATen kernel (weights prepacked once, as the executor does) vs its decomposition in IREE."""
+def measure_decomposed(nodes: list[torch.fx.Node], decompositions: dict, target: Target,
+                       cache: CostCache) -> dict[torch.fx.Node, Cost]:
+    """Per node: its ATen kernel (weights prepacked once, as the executor does) against
+    its decomposition (``decompositions[node.target]``) in IREE. The decompositions of
+    every signature not in the cache are compiled in one module (one compiler run, not
+    one per signature: a quantized ResNet has dozens), each alone only when that fails."""
+    device = "cpu" if target.driver.startswith("local") else "cuda"
+    out: dict[torch.fx.Node, Cost] = {}
+    todo: dict[str, tuple[float, torch.fx.Graph]] = {}
+    for n in nodes:
+        sig = "decomposed " + op_signature(n)
+        cost = cache.get(sig)
+        if cost is None and sig not in todo:
+            try:
+                todo[sig] = _decomposed(n, decompositions[n.target], device)
+            except Exception as e:  # best effort: without numbers, decompose as before
+                log.info("could not measure %s: %s", sig, e)
+                cache.put(sig, Cost(None, None))
+    if todo:
+        step("measuring %d quantized op signatures in ATen and as IREE code (once per "
+             "machine, then cached)", len(todo))
+        graphs = {sig: g for sig, (_, g) in todo.items()}
+        try:  # compiled in parts side by side (``Prefetch``), the rest one by one
+            ready = Prefetch(graphs, target).take(graphs)
+            iree = _iree_times({s: g for s, g in graphs.items() if s not in ready}, ready,
+                               target, device)
+        except Exception as e:  # best effort, as above
+            log.info("could not measure the decompositions: %s", e)
+            iree = {}
+        for sig, (aten_ms, _) in todo.items():
+            iree_ms = iree.get(sig)
+            cost = Cost(aten_ms, iree_ms) if iree_ms is not None else Cost(None, None)
+            log.info("measured %s: ATen %s ms, IREE %s ms", sig, cost.aten_ms, cost.iree_ms)
+            cache.put(sig, cost)
+    for n in nodes:
+        out[n] = cache.get("decomposed " + op_signature(n)) or Cost(None, None)
+    return out
+
+
+def _decomposed(node: torch.fx.Node, decomposition, device: str
+                ) -> tuple[float, torch.fx.Graph]:
+    """``(ATen kernel's median ms, the decomposition traced as a one-op-like graph)``."""
     import torch.utils._pytree as pytree
     from torch.fx.experimental.proxy_tensor import make_fx
 
     from ..fallback.quantized_ops import PREPACKED
 
-    sig = "decomposed " + op_signature(node)
-    cost = cache.get(sig)
-    if cost is not None:
-        return cost
-    device = "cpu" if target.driver.startswith("local") else "cuda"
-    try:
-        vals = map_aggregate(node.args, lambda a: a.meta.get("val") if isinstance(a, torch.fx.Node) else a)
-        args = map_aggregate(vals, lambda v: _real(v, device))
-        op = node.target._schema.name
-        kernel = PREPACKED[op][1]() if op in PREPACKED else node.target
-        with torch.no_grad():
-            aten_ms = _median_ms(lambda: kernel(*args))
-        flat, spec = pytree.tree_flatten(args)
-        where = [i for i, v in enumerate(flat) if isinstance(v, torch.Tensor)]
+    vals = map_aggregate(node.args, lambda a: a.meta.get("val") if isinstance(a, torch.fx.Node) else a)
+    args = map_aggregate(vals, lambda v: _real(v, device))
+    op = node.target._schema.name
+    kernel = PREPACKED[op][1]() if op in PREPACKED else node.target
+    with torch.no_grad():
+        aten_ms = _median_ms(lambda: kernel(*args))
+    flat, spec = pytree.tree_flatten(args)
+    where = [i for i, v in enumerate(flat) if isinstance(v, torch.Tensor)]
 
-        def fn(*tensors):
-            full = list(flat)
-            for i, t in zip(where, tensors):
-                full[i] = t
-            return decomposition(*pytree.tree_unflatten(full, spec))
-        gm = make_fx(fn, tracing_mode="fake")(*[flat[i] for i in where])
-        cost = Cost(aten_ms, _run_iree_ms(gm.graph, target, device))
-    except Exception as e:  # best effort: without numbers, decompose as before
-        log.info("could not measure %s: %s", sig, e)
-        cost = Cost(None, None)
-    log.info("measured %s: ATen %s ms, IREE %s ms", sig, cost.aten_ms, cost.iree_ms)
-    cache.put(sig, cost)
-    return cost
+    def fn(*tensors):
+        full = list(flat)
+        for i, t in zip(where, tensors):
+            full[i] = t
+        return decomposition(*pytree.tree_unflatten(full, spec))
+    gm = make_fx(fn, tracing_mode="fake")(*[flat[i] for i in where])
+    return aten_ms, gm.graph
 
 
 def _aten_ms(node: torch.fx.Node, device: str) -> float:
@@ -390,12 +436,7 @@ def measure_nodes(nodes: list[torch.fx.Node], target: Target, cache: CostCache,
             log.info("could not measure %s: %s", sig, e)
     iree = {}
     try:
-        for vmfb in {id(v): v for v, _, _ in ready.values()}.values():  # one module at a time
-            part = {sig: (i, g) for sig, (v, i, g) in ready.items() if v is vmfb and sig in aten}
-            timed = {i: g for i, g in part.values()}
-            iree.update(zip(part, _time_functions(vmfb, timed, target, device)))
-        if graphs:
-            iree.update(zip(graphs, _run_iree_all(list(graphs.values()), target, device)))
+        iree = _iree_times(graphs, {s: r for s, r in ready.items() if s in aten}, target, device)
     except Exception as e:
         log.info("could not measure IREE's side of %d ops: %s", len(graphs) + len(ready), e)
     fresh = {}

@@ -156,10 +156,28 @@ def _bisect(todo: dict[str, torch.fx.Node], target: Target, out: dict[str, Verdi
         _bisect(dict(items[half:]), target, out)
 
 
+UNKNOWN_OP = "IREE's torch lowering does not know this op (left as torch.operator)"
+
+
+def _unknown(node: torch.fx.Node) -> str | None:
+    """The verdict's reason, without compiling, for an op outside ATen's namespace that
+    the importer leaves as a generic ``torch.operator`` (a custom op, our quantized
+    ``aot_q`` ops): IREE's torch lowering has no pattern for it, so every compile of it
+    fails; None for any other op (probed by compiling)."""
+    op = node.target
+    if not isinstance(op, torch._ops.OpOverload) or op.namespace in ("aten", "prims"):
+        return None
+    try:
+        text = str(import_graph(_probe_graph(node), func_name="probe"))
+    except Exception as e:  # the importer rejecting an op is a verdict too
+        return f"FX importer: {type(e).__name__}: {e}"
+    return UNKNOWN_OP if f'torch.operator "torch.{op.namespace}.' in text else None
+
+
 def _reason(diag: str) -> str:
     err = first_error(diag)
     if "torch.operator" in err and "illegal" in err:
-        return "IREE's torch lowering does not know this op (left as torch.operator)"
+        return UNKNOWN_OP
     err = err.split(": %")[0].split(" loc(")[0]
     return err if len(err) < 200 else err[:197] + "..."
 
@@ -191,8 +209,13 @@ def probe_nodes(nodes: list[torch.fx.Node], target: Target,
         log.info("probing %d op signatures for %s", len(todo), target.name)
         step("probing which of %d op signatures IREE lowers for %s (once per machine, "
              "then cached)", len(todo), target.name)
-        aside = {s: n for s, n in todo.items() if compiled is not None and s in compiled.sigs}
         fresh: dict[str, Verdict] = {}
+        for s, n in list(todo.items()):
+            reason = _unknown(n)
+            if reason is not None:
+                fresh[s] = Verdict(False, reason)
+                del todo[s]
+        aside = {s: n for s, n in todo.items() if compiled is not None and s in compiled.sigs}
         if len(aside) < len(todo):
             _bisect({s: n for s, n in todo.items() if s not in aside}, target, fresh)
         if aside:

@@ -123,12 +123,11 @@ def _decompose_uncovered(ep, target, policy, cache, kept: dict, prefetch=None, a
                 fn = decomposition_for(n.target)
                 if fn is not None:
                     table[n.target] = fn
-        for op in [op for op in table if _measure_before_decomposing(op, policy, target)]:
-            reason = _aten_faster(op, table[op], [n for n in nodes if n.target == op], target)
-            if reason:
-                kept[op] = reason
-                del table[op]
-                tried.add(op)
+        measured = {op: table[op] for op in table if _measure_before_decomposing(op, policy, target)}
+        for op, reason in _aten_faster(measured, nodes, target).items():
+            kept[op] = reason
+            del table[op]
+            tried.add(op)
         if not table:
             return ep, verdicts
         tried.update(table)
@@ -182,20 +181,27 @@ def _measure_before_decomposing(op, policy: PlacementPolicy, target: Target) -> 
             and (target.driver.startswith("local") or torch.cuda.is_available()))
 
 
-def _aten_faster(op, decomposition, nodes, target: Target) -> str | None:
-    """Measured reason to keep ``op`` in ATen rather than decompose it, or None."""
+def _aten_faster(decompositions: dict, nodes, target: Target) -> dict:
+    """``{op: measured reason to keep it in ATen rather than decompose it}`` for the ops
+    of ``decompositions`` (``{op: decomposition}``) whose ATen kernels are faster over
+    their call sites among ``nodes``."""
     from .cost import CROSSING_MS, CostCache, measure_decomposed
-    cache = CostCache(target)
-    costs = [measure_decomposed(n, decomposition, target, cache) for n in nodes]
-    if any(c.aten_ms is None or c.iree_ms is None for c in costs):
-        return None
-    aten_ms = sum(c.aten_ms + CROSSING_MS for c in costs)
-    iree_ms = sum(c.iree_ms for c in costs)
-    if aten_ms >= iree_ms:
-        return None
-    return (f"ATen's kernel is faster here than IREE's code for its decomposition: "
-            f"{aten_ms:.2f} ms vs {iree_ms:.2f} ms over {len(nodes)} call site(s), "
-            "measured on this machine")
+    sites = [n for n in nodes if n.target in decompositions]
+    if not sites:
+        return {}
+    costs = measure_decomposed(sites, decompositions, target, CostCache(target))
+    out = {}
+    for op in decompositions:
+        mine = [costs[n] for n in sites if n.target == op]
+        if not mine or any(c.aten_ms is None or c.iree_ms is None for c in mine):
+            continue
+        aten_ms = sum(c.aten_ms + CROSSING_MS for c in mine)
+        iree_ms = sum(c.iree_ms for c in mine)
+        if aten_ms < iree_ms:
+            out[op] = (f"ATen's kernel is faster here than IREE's code for its decomposition: "
+                       f"{aten_ms:.2f} ms vs {iree_ms:.2f} ms over {len(mine)} call site(s), "
+                       "measured on this machine")
+    return out
 
 
 def _measures_costs(target: Target, policy: PlacementPolicy) -> bool:
