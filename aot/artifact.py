@@ -73,6 +73,22 @@ class CompiledArtifact:
         if not self._validated:
             _validate(self.manifest, self.vmfb, "<in memory>", self.constants)
 
+    @classmethod
+    def built(cls, vmfb: bytes, manifest: dict[str, Any], constants: bytes = b"") -> "CompiledArtifact":
+        """The artifact a builder just made, whose manifest's digests it computed from
+        these very bytes: every field is checked, the digests are not computed again."""
+        _validate(manifest, vmfb, "<in memory>", constants, digests=False)
+        return cls(vmfb, manifest, constants, _validated=True)
+
+    def with_manifest(self, **fields: Any) -> "CompiledArtifact":
+        """This artifact with manifest ``fields`` set (a candidate's driver, executor or
+        region): the new manifest is checked; the module and constants are these same
+        bytes, already hashed, so their digests are not computed again."""
+        manifest = {**self.manifest, **fields}
+        if any(manifest.get(k) != self.manifest.get(k) for k in _DIGESTS):
+            raise ValueError("with_manifest keeps the module and constants: not their digests")
+        return CompiledArtifact.built(self.vmfb, manifest, self.constants)
+
     def to_bytes(self) -> bytes:
         manifest = json.dumps({**self.manifest, "format_version": FORMAT_VERSION},
                               sort_keys=True).encode()
@@ -199,7 +215,11 @@ def _read_section(data: bytes, pos: int, path: str, what: str) -> tuple[bytes, i
     return data[pos:pos + n], pos + n
 
 
-def _validate(manifest: Any, vmfb: bytes, path: str, constants: bytes = b"") -> None:
+_DIGESTS = ("vmfb_sha256", "constants_sha256")
+
+
+def _validate(manifest: Any, vmfb: bytes, path: str, constants: bytes = b"",
+              digests: bool = True) -> None:
     if not isinstance(manifest, dict):
         raise ArtifactError(f"{path!r}: manifest is not a JSON object")
     check_document(manifest, f"{path!r}: manifest")
@@ -210,6 +230,8 @@ def _validate(manifest: Any, vmfb: bytes, path: str, constants: bytes = b"") -> 
         raise ArtifactError(f"{path!r}: manifest format {manifest['format_version']} is not "
                             f"one of {_READS}")
     check_manifest(manifest, len(constants), path)
+    if not digests:
+        return
     if manifest.get("host_constants") and \
             hashlib.sha256(constants).hexdigest() != manifest.get("constants_sha256"):
         raise ArtifactError(f"{path!r} is corrupt or truncated: host constants do not match "

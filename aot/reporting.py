@@ -92,6 +92,8 @@ def format_report(manifest: dict) -> str:
                 lines.append(f"  there {best} is {end[region['chosen']] / end[best]:.2f}x "
                              f"faster than {region['chosen']}: an example at the size called "
                              "most makes the choice for that size")
+        for k, v in (region.get("not_timed") or {}).items():
+            lines.append(f"  {k} not timed: {v}")
         if region.get("why"):
             lines.append(f"  why: {region['why']}")
         if region.get("cached") is False:

@@ -69,7 +69,7 @@ def host_artifact(imported: ImportedProgram, target: Target, policy: PlacementPo
     manifest["host_program"] = entry
     manifest["executor"]["retained_heap_bytes"] = heap.planned_bytes([], target.driver,
                                                                     host_program=True)
-    return CompiledArtifact(b"", manifest, blob)
+    return CompiledArtifact.built(b"", manifest, blob)
 
 
 def build_artifact(p: PartitionedProgram, vmfb: bytes, seconds: float) -> CompiledArtifact:
@@ -78,7 +78,7 @@ def build_artifact(p: PartitionedProgram, vmfb: bytes, seconds: float) -> Compil
     table, blob = pack_constants(p.host_constants)
     manifest = _manifest(p.imported, p.target, p.policy, p.placements, p.kernel_calls,
                          p.whole_program_call, vmfb, table, blob, seconds)
-    return CompiledArtifact(vmfb, manifest, blob)
+    return CompiledArtifact.built(vmfb, manifest, blob)
 
 
 _VTENSOR = re.compile(r"!torch\.vtensor<\[([^\]]*)\]")

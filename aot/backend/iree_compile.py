@@ -9,7 +9,10 @@ import shutil
 import tempfile
 import time
 
-from iree.compiler import CompilerToolError, compile_file
+from iree.compiler import CompilerToolError
+from iree.compiler.tools.binaries import invoke_immediate
+from iree.compiler.tools.core import CompilerOptions, build_compile_command_line
+from iree.compiler.tools.debugging import TempFileSaver
 
 from ..errors import CompileFailed
 from .targets import Target
@@ -38,17 +41,21 @@ def _compile(asm: str | bytes, target: Target, input_type: str = "torch"
              ) -> tuple[bytes | None, str]:
     """Through files, not pipes: a program's weights make input and output hundreds of
     MB, which a pipe moves in page-sized writes under the GIL (seconds of a compile).
-    The diagnostics name the input ``<stdin>``, as for text piped in (``recover.blame``
-    reads lines by it)."""
+    The input file is the compiler's stdin, so its locations (in the diagnostics that
+    ``recover.blame`` reads, and in the module) say ``<stdin>``, never a temp path: the
+    same program compiles to the same bytes."""
     with tempfile.TemporaryDirectory(prefix="aot-iree-") as d:
         src, out = os.path.join(d, "input.mlir"), os.path.join(d, "output.vmfb")
         with open(src, "wb") as f:
             f.write(asm.encode() if isinstance(asm, str) else asm)
-        try:
-            compile_file(src, output_file=out, target_backends=[target.backend],
-                         input_type=input_type, extra_args=list(target.flags))
-        except CompilerToolError as e:
-            return None, str(e).replace(src, "<stdin>")
+        with TempFileSaver.implicit() as tfs:
+            options = CompilerOptions(target_backends=[target.backend], input_type=input_type,
+                                      extra_args=list(target.flags))
+            options.output_file = tfs.alloc_optional("core-output.bin", export_as=out)
+            try:
+                invoke_immediate(build_compile_command_line("-", tfs, options), input_file=src)
+            except CompilerToolError as e:
+                return None, str(e)
         with open(out, "rb") as f:
             return f.read(), ""
 

@@ -200,16 +200,14 @@ def choose_region(per_op: CompiledArtifact, imported: ImportedProgram, target: T
             and per_op.manifest["kernel_calls"]:
         # IREE's dispatches on the calling thread: no hand-off to worker threads
         # around each kernel call, at the price of single-threaded compiled code
-        cands["iree-sync"] = CompiledArtifact(
-            per_op.vmfb, {**per_op.manifest, "driver": "local-sync"}, per_op.constants)
+        cands["iree-sync"] = per_op.with_manifest(driver="local-sync")
         keys = [k["key"] for k in per_op.manifest["kernel_calls"]]
         executor = per_op.manifest.get("executor") or {}
         if set(keys) - set(executor.get("one_thread_calls") or ()):
             # every kernel call on the calling thread alone, heavy ones too: torch's
             # OpenMP team then never spins on the cores IREE's workers run on
-            cands["iree-one-thread"] = CompiledArtifact(per_op.vmfb, {
-                **per_op.manifest, "executor": {**executor, "one_thread_calls": keys}},
-                per_op.constants)
+            cands["iree-one-thread"] = per_op.with_manifest(
+                executor={**executor, "one_thread_calls": keys})
     cands.update(variants or {})
     cands.update(aten_candidates(imported, target) if aten is None else aten)
     key = program_key(imported, target, cands)
@@ -217,11 +215,14 @@ def choose_region(per_op: CompiledArtifact, imported: ImportedProgram, target: T
     if region is None:
         step("timing %d candidates end to end on the example (%s), a few seconds",
              len(cands), ", ".join(cands))
-        stats = _time_candidates(cands, example, target)
+        not_timed: dict[str, str] = {}
+        stats = _time_candidates(cands, example, target, not_timed)
         if "iree" not in stats:
             return per_op
         measured = [_sizes_of(imported, None)]
         region = _decide(stats)
+        if not_timed:
+            region["not_timed"] = not_timed
         far = _range_end(imported, example, stats)
         if far is not None:  # a dynamic program: the range's end too, where cheap
             end_stats = _time_candidates(cands, far[1], target)
@@ -520,15 +521,14 @@ def _with_executor(a: CompiledArtifact, options: ExecOptions) -> CompiledArtifac
     recorded = a.manifest.get("executor") or {}
     executor = {**options.to_json(), "quantized_engine": recorded.get("quantized_engine"),
                 "retained_heap_bytes": recorded.get("retained_heap_bytes", 0)}
-    return CompiledArtifact(a.vmfb, {**a.manifest, "executor": executor}, a.constants)
+    return a.with_manifest(executor=executor)
 
 
 def _with_region(a: CompiledArtifact, region: dict, placements: list,
                  policy: PlacementPolicy) -> CompiledArtifact:
     policy_json = {"fallback": policy.fallback, "fallback_ops": list(policy.fallback_ops),
                    "placement": policy.placement}
-    return CompiledArtifact(a.vmfb, {**a.manifest, "region": region, "placements": placements,
-                                     "policy": policy_json}, a.constants)
+    return a.with_manifest(region=region, placements=placements, policy=policy_json)
 
 
 def _on_device(example, target: Target):
@@ -539,8 +539,10 @@ def _on_device(example, target: Target):
                            (args, kwargs))
 
 
-def _time_candidates(cands: dict[str, CompiledArtifact], example, target: Target) -> dict:
-    """``{candidate: (median ms, spread ms, runs)}`` for every candidate that ran.
+def _time_candidates(cands: dict[str, CompiledArtifact], example, target: Target,
+                     not_timed: dict | None = None) -> dict:
+    """``{candidate: (median ms, spread ms, runs)}`` for every candidate that ran;
+    ``not_timed`` gets ``{candidate: why}`` for those left out (``_sibling_out``).
 
     Blocks of ``_BLOCK`` timed calls per candidate per round, after untimed calls
     for ``_WARM_S``; the order rotates every round so drifts hit all alike.
@@ -548,9 +550,18 @@ def _time_candidates(cands: dict[str, CompiledArtifact], example, target: Target
     args, kwargs = _on_device(example, target)
     cuda = not target.driver.startswith("local")
     sync = torch.cuda.synchronize if cuda else (lambda: None)
-    mods, call_s = {}, {}
+    mods, call_s, warm = {}, {}, {}
     with torch.no_grad():
-        for name, art in cands.items():
+        # the per-op artifact's executor variants last: where it is slow and far out of
+        # the race, they are not run at all (``_sibling_out``)
+        for name in sorted(cands, key=lambda k: k in _SIBLINGS):
+            art = cands[name]
+            why = _sibling_out(name, cands, warm, call_s)
+            if why:
+                log.info("region candidate %s not timed: %s", name, why)
+                if not_timed is not None:
+                    not_timed[name] = why
+                continue
             try:
                 m = CompiledModule(art)
                 for _ in range(_WARMUP if cuda else _WARMUP_CPU):
@@ -558,6 +569,7 @@ def _time_candidates(cands: dict[str, CompiledArtifact], example, target: Target
                     m(*args, **kwargs)
                     sync()
                     call_s[name] = time.perf_counter() - t  # the last warm-up call's time
+                    warm.setdefault(name, []).append(call_s[name])
                 mods[name] = m
             except Exception as e:  # a candidate that cannot run is not a candidate
                 log.info("region candidate %s did not run: %s", name, e)
@@ -598,6 +610,38 @@ def _time_candidates(cands: dict[str, CompiledArtifact], example, target: Target
     for m in mods.values():
         m.close()
     return _stats(samples)
+
+
+# executor variants of the per-op artifact: its code and kernel calls, other threads
+_SIBLINGS = {"iree-sync": "iree", "iree-one-thread": "iree"}
+# the most a sibling can save per kernel call: the hand-off to torch's threads and back
+# and their spinning against IREE's workers (``cost.HANDOFF_MS`` is the typical cost)
+_SIBLING_GAIN_MS = 2.0
+
+
+def _sibling_out(name: str, cands: dict, warm: dict, call_s: dict) -> str | None:
+    """Why executor variant ``name`` need not run, or None: its parent (the per-op
+    artifact) is slow (``_SLOW_S``), and even both its warm-up calls, less the most its
+    kernel calls' hand-offs can cost (``_SIBLING_GAIN_MS`` each), are ``OUT_OF_RACE``
+    times another candidate's call or slower. The sibling runs the same code and the
+    same kernel calls on other threads, so it cannot come within the race either;
+    timing it would cost seconds of calls. Fast programs run every sibling: there the
+    hand-offs can be most of a call."""
+    parent = _SIBLINGS.get(name)
+    if parent not in warm:
+        return None
+    others = [s for k, s in call_s.items() if k != parent and k not in _SIBLINGS]
+    if not others:
+        return None
+    calls = len(cands[parent].manifest["kernel_calls"])
+    floor = min(warm[parent]) - calls * _SIBLING_GAIN_MS / 1e3
+    best = min(others)
+    if min(warm[parent]) < _SLOW_S or floor < OUT_OF_RACE * best:
+        return None
+    return (f"{parent} took {min(warm[parent]) * 1e3:.1f} ms a call, and even without the "
+            f"{calls} kernel calls' hand-offs ({_SIBLING_GAIN_MS} ms each at most) "
+            f"{floor * 1e3:.1f} ms, {floor / best:.1f}x the fastest candidate's "
+            f"{best * 1e3:.1f} ms: {name} runs the same code")
 
 
 def _in_race(samples: dict[str, list], names: list[str]) -> list[str]:

@@ -201,6 +201,54 @@ def test_slow_programs_leave_the_race_from_their_first_sample(monkeypatch):
     assert stats["fast"][2] == calls["fast"] - regions._WARMUP_CPU + 1
 
 
+class _Cand(str):
+    """A candidate name standing in for an artifact: the manifest its kernel calls are read from."""
+    def __new__(cls, name, calls=0):
+        self = super().__new__(cls, name)
+        self.manifest = {"kernel_calls": [{"key": f"k{i}"} for i in range(calls)]}
+        return self
+
+
+def _fake_modules(monkeypatch, regions, ms, calls):
+    class Module:
+        def __init__(self, name):
+            self.name = str(name)
+
+        def __call__(self, *args, **kwargs):
+            calls[self.name] += 1
+            time.sleep(ms[self.name] / 1e3)
+
+        def close(self):
+            pass
+    monkeypatch.setattr(regions, "CompiledModule", Module)
+
+
+def test_executor_variants_of_a_slow_per_op_artifact_far_out_of_the_race_are_not_run(monkeypatch):
+    """iree-sync and iree-one-thread run the per-op artifact's code and kernel calls on
+    other threads: where the per-op artifact is slow and, even less the most its hand-offs
+    can cost, OUT_OF_RACE times another candidate, they are not run at all, and the region
+    says why. Near the race (or with many kernel calls) they are timed as any candidate."""
+    from aot.tuning import regions
+    from aot.backend.targets import get_target
+
+    monkeypatch.setattr(regions, "_SLOW_S", 0.01)
+    ms = {"iree": 60.0, "iree-sync": 58.0, "iree-one-thread": 59.0, "aten": 20.0}
+    calls = {k: 0 for k in ms}
+    _fake_modules(monkeypatch, regions, ms, calls)
+    cands = {k: _Cand(k, calls=3) for k in ms}
+    not_timed = {}
+    stats = regions._time_candidates(cands, ((), {}), get_target("cpu"), not_timed)
+    assert set(stats) == {"iree", "aten"} and calls["iree-sync"] == calls["iree-one-thread"] == 0
+    assert set(not_timed) == {"iree-sync", "iree-one-thread"}
+    assert "3 kernel calls" in not_timed["iree-sync"]
+    # 20 kernel calls could hide 40 ms of hand-offs: 60 - 40 is within the race
+    calls.update({k: 0 for k in ms})
+    cands = {k: _Cand(k, calls=20) for k in ms}
+    not_timed = {}
+    stats = regions._time_candidates(cands, ((), {}), get_target("cpu"), not_timed)
+    assert set(stats) == set(ms) and not not_timed and calls["iree-sync"] >= regions._WARMUP_CPU
+
+
 def test_a_dropped_candidate_that_runs_fast_again_is_measured_anew():
     """A candidate a burst of other work slowed in its first rounds is dropped, then
     rechecked with one block (one call where calls are slow): running fast again, its
