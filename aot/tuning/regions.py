@@ -64,7 +64,9 @@ warm-up calls sizes the rounds instead of one more probe call: a thread settling
 for a millisecond is lost in such a call, while untimed calls of a slow program
 would be a large share of the compile time. Its blocks are ``_BLOCK_SLOW`` calls,
 since the first two rounds (which every candidate runs) dominate a slow program's
-timing.
+timing. Such a candidate's warm-up is its first call alone where nothing is packed
+on it (``_WARMUP_SLOW``), and once it is the only one left in the race it is timed to
+``_SOLE_SAMPLES`` samples, not for every round: the others' rechecks decide.
 
 **Deciding.** Each candidate's median and spread (half its interquartile range)
 are recorded. The fastest median wins, except that a candidate earlier in a fixed
@@ -137,6 +139,11 @@ _MAX_RUNS = 301     # timed calls per candidate for fast programs...
 _FAST_BUDGET_S = 0.5  # ...as many as fit in this, all candidates together
 _WARMUP = 3       # the second call of a CUDA region captures its graph
 _WARMUP_CPU = 2   # the first call packs weights; the second runs as every later one
+# ...but one where that first call takes _SLOW_S or more and the candidate packs nothing
+# on it (no prepacking executor): the first call already runs as every later one, and a
+# slow one dropped from the race for it is checked again (``_recheck``)
+_WARMUP_SLOW = 1
+_SOLE_SAMPLES = 3  # a slow program's sole candidate left in the race: timed to this many
 _SLOW_S = 0.1     # a candidate whose call takes this long times its blocks without an
                   # untimed call first, its last warm-up call its first sample
 _BLOCK = 3        # timed calls per candidate per round, after untimed ones (``_WARM_S``)
@@ -564,12 +571,15 @@ def _time_candidates(cands: dict[str, CompiledArtifact], example, target: Target
                 continue
             try:
                 m = CompiledModule(art)
-                for _ in range(_WARMUP if cuda else _WARMUP_CPU):
+                for i in range(_WARMUP if cuda else _WARMUP_CPU):
                     t = time.perf_counter()
                     m(*args, **kwargs)
                     sync()
                     call_s[name] = time.perf_counter() - t  # the last warm-up call's time
                     warm.setdefault(name, []).append(call_s[name])
+                    if not cuda and i + 1 >= _WARMUP_SLOW and call_s[name] >= _SLOW_S \
+                            and not _packs(art):
+                        break
                 mods[name] = m
             except Exception as e:  # a candidate that cannot run is not a candidate
                 log.info("region candidate %s did not run: %s", name, e)
@@ -595,6 +605,8 @@ def _time_candidates(cands: dict[str, CompiledArtifact], example, target: Target
                    sync, samples, settled)
             if r >= 1 or slow:
                 names = _in_race(samples, names)
+            if slow and len(names) == 1 and len(samples[names[0]]) >= _SOLE_SAMPLES:
+                break  # nothing left to compare: the others are rechecked below
         _recheck(mods, names, args, kwargs, sync, samples, settled)
         # the choice and every candidate that might still beat it: measured more, in
         # rotating order, until the order is clear, one has _MAX_RUNS samples, or
@@ -621,7 +633,7 @@ _SIBLING_GAIN_MS = 2.0
 
 def _sibling_out(name: str, cands: dict, warm: dict, call_s: dict) -> str | None:
     """Why executor variant ``name`` need not run, or None: its parent (the per-op
-    artifact) is slow (``_SLOW_S``), and even both its warm-up calls, less the most its
+    artifact) is slow (``_SLOW_S``), and even its fastest warm-up call, less the most its
     kernel calls' hand-offs can cost (``_SIBLING_GAIN_MS`` each), are ``OUT_OF_RACE``
     times another candidate's call or slower. The sibling runs the same code and the
     same kernel calls on other threads, so it cannot come within the race either;
@@ -642,6 +654,11 @@ def _sibling_out(name: str, cands: dict, warm: dict, call_s: dict) -> str | None
             f"{calls} kernel calls' hand-offs ({_SIBLING_GAIN_MS} ms each at most) "
             f"{floor * 1e3:.1f} ms, {floor / best:.1f}x the fastest candidate's "
             f"{best * 1e3:.1f} ms: {name} runs the same code")
+
+
+def _packs(art) -> bool:
+    """The candidate's executor packs weights on its first call (``aten-prepacked``)."""
+    return bool((getattr(art, "manifest", {}).get("executor") or {}).get("prepack"))
 
 
 def _in_race(samples: dict[str, list], names: list[str]) -> list[str]:

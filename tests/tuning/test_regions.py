@@ -195,10 +195,32 @@ def test_slow_programs_leave_the_race_from_their_first_sample(monkeypatch):
     monkeypatch.setattr(regions, "CompiledModule", Module)
     monkeypatch.setattr(regions, "_SLOW_S", 0.01)
     stats = regions._time_candidates({k: k for k in ms}, ((), {}), get_target("cpu"))
-    assert calls["slow"] == regions._WARMUP_CPU + 1 and stats["slow"][2] == 2
+    # one warm-up call each (nothing packs on it), which is the first sample; the slow
+    # one is out of the race from it and gets only the recheck's call
+    assert calls["slow"] == regions._WARMUP_SLOW + 1 and stats["slow"][2] == 2
     assert stats["slow"][0] > regions.OUT_OF_RACE * stats["fast"][0]
-    assert calls["fast"] >= regions._WARMUP_CPU + regions.RUNS // regions._BLOCK * regions._BLOCK_SLOW
-    assert stats["fast"][2] == calls["fast"] - regions._WARMUP_CPU + 1
+    # the sole candidate left in the race is timed to _SOLE_SAMPLES, not for every round
+    assert stats["fast"][2] == regions._SOLE_SAMPLES
+    assert stats["fast"][2] == calls["fast"] - regions._WARMUP_SLOW + 1
+
+
+def test_a_slow_candidate_that_packs_on_its_first_call_is_warmed_twice(monkeypatch):
+    """A prepacking executor's first call packs the weights: it is warmed up as any
+    candidate (two calls), so the packing call is never one of its samples."""
+    from aot.tuning import regions
+    from aot.backend.targets import get_target
+
+    monkeypatch.setattr(regions, "_SLOW_S", 0.01)
+    ms = {"iree": 20.0, "aten-prepacked": 15.0}
+    calls = {k: 0 for k in ms}
+    _fake_modules(monkeypatch, regions, ms, calls)
+    cands = {"iree": _Cand("iree"), "aten-prepacked": _Cand("aten-prepacked")}
+    cands["aten-prepacked"].manifest["executor"] = {"prepack": True}
+    stats = regions._time_candidates(cands, ((), {}), get_target("cpu"))
+    assert regions._WARMUP_CPU == 2 and regions._WARMUP_SLOW == 1
+    # the last warm-up call is the first sample: iree warmed once, aten-prepacked twice
+    assert stats["iree"][2] == calls["iree"] - regions._WARMUP_SLOW + 1
+    assert stats["aten-prepacked"][2] == calls["aten-prepacked"] - regions._WARMUP_CPU + 1
 
 
 class _Cand(str):
