@@ -15,7 +15,7 @@ Every byte is covered: a change to the magic or the version is refused as such,
 and any change to the digest or the body fails the digest at load, before a
 byte of the manifest is believed (``ArtifactError``, never a wrong answer). A
 manifest that is well-formed JSON and checksums but was edited by hand is then
-validated field by field (``aot.manifest_check``). Version 2 files (no whole-file
+validated field by field (``aot.manifest``). Version 2 files (no whole-file
 digest: the manifest itself was not covered) and version 1 files (no constants)
 still load, with the manifest's own checksums of the module and constants.
 
@@ -39,8 +39,8 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from .errors import ArtifactError
-from .limits import check_document, read_json
-from .manifest_check import check_manifest
+from .limits import read_json
+from .manifest import FORMAT_VERSION, READS, Manifest
 
 if TYPE_CHECKING:
     import torch
@@ -48,49 +48,53 @@ if TYPE_CHECKING:
 __all__ = ["FORMAT_VERSION", "CompiledArtifact", "load_artifact"]
 
 MAGIC = b"AOTART\n"
-FORMAT_VERSION = 3
-_READS = (1, 2, 3)
 _VERSION = struct.Struct("<I")
 _LEN = struct.Struct("<Q")
 _DIGEST = 32
 _ALIGN = 64
-_REQUIRED = ("format_version", "target", "driver", "flags", "torch_version", "iree_version",
-             "inputs", "outputs", "in_spec", "out_spec", "kernel_calls", "placements",
-             "vmfb_sha256", "name")
 
 
 @dataclass(frozen=True)
 class CompiledArtifact:
-    """Made by ``compile_program`` (or :func:`load_artifact`); read by ``aot.runtime``."""
+    """Made by ``compile_program`` (or :func:`load_artifact`); read by ``aot.runtime``.
+
+    ``manifest``: a ``Manifest``, or its JSON document (checked and made one here)."""
 
     vmfb: bytes
-    manifest: dict[str, Any]
+    manifest: Manifest
     constants: bytes = b""
     # set by load_artifact, which has validated these very objects against the file
     _validated: bool = field(default=False, repr=False, compare=False)
 
     def __post_init__(self):
+        if not isinstance(self.manifest, Manifest):
+            object.__setattr__(self, "manifest",
+                               Manifest.from_json(self.manifest, len(self.constants)))
         if not self._validated:
-            _validate(self.manifest, self.vmfb, "<in memory>", self.constants)
+            _check_digests(self.manifest, self.vmfb, "<in memory>", self.constants)
 
     @classmethod
-    def built(cls, vmfb: bytes, manifest: dict[str, Any], constants: bytes = b"") -> "CompiledArtifact":
+    def built(cls, vmfb: bytes, manifest: Manifest | dict, constants: bytes = b""
+              ) -> "CompiledArtifact":
         """The artifact a builder just made, whose manifest's digests it computed from
         these very bytes: every field is checked, the digests are not computed again."""
-        _validate(manifest, vmfb, "<in memory>", constants, digests=False)
+        if not isinstance(manifest, Manifest):
+            manifest = Manifest.from_json(manifest, len(constants))
         return cls(vmfb, manifest, constants, _validated=True)
 
     def with_manifest(self, **fields: Any) -> "CompiledArtifact":
         """This artifact with manifest ``fields`` set (a candidate's driver, executor or
-        region): the new manifest is checked; the module and constants are these same
-        bytes, already hashed, so their digests are not computed again."""
-        manifest = {**self.manifest, **fields}
-        if any(manifest.get(k) != self.manifest.get(k) for k in _DIGESTS):
+        region, the compile's time): the new manifest is checked; the module and
+        constants are these same bytes, already hashed, so their digests are not
+        computed again."""
+        if any(k in fields and fields[k] != getattr(self.manifest, k) for k in _DIGESTS):
             raise ValueError("with_manifest keeps the module and constants: not their digests")
-        return CompiledArtifact.built(self.vmfb, manifest, self.constants)
+        return CompiledArtifact.built(self.vmfb,
+                                      self.manifest.replace(len(self.constants), **fields),
+                                      self.constants)
 
     def to_bytes(self) -> bytes:
-        manifest = json.dumps({**self.manifest, "format_version": FORMAT_VERSION},
+        manifest = json.dumps({**self.manifest.to_json(), "format_version": FORMAT_VERSION},
                               sort_keys=True).encode()
         body = (_LEN.pack(len(manifest)) + manifest + _LEN.pack(len(self.constants))
                 + self.constants + self.vmfb)
@@ -98,7 +102,7 @@ class CompiledArtifact:
 
     def host_constants(self, device: "torch.device") -> dict[str, "torch.Tensor"]:
         """The host-held constants as tensors on ``device`` (views of one buffer on CPU)."""
-        table = self.manifest.get("host_constants") or {}
+        table = self.manifest.host_constants
         if not table:
             return {}
         import torch
@@ -176,9 +180,9 @@ def load_artifact(path: str, *, sha256: str | None = None,
     if len(data) < len(MAGIC) + _VERSION.size:
         raise ArtifactError(f"{path!r} is truncated (header incomplete)")
     (version,) = _VERSION.unpack_from(data, len(MAGIC))
-    if version not in _READS:
+    if version not in READS:
         raise ArtifactError(f"{path!r} has format version {version}; this aot reads versions "
-                            f"{', '.join(map(str, _READS))}: recompile the model (or the file "
+                            f"{', '.join(map(str, READS))}: recompile the model (or the file "
                             "is corrupt)")
     if not legacy and version < 3:
         raise ArtifactError(f"{path!r} has legacy format version {version}, which has no "
@@ -199,7 +203,8 @@ def load_artifact(path: str, *, sha256: str | None = None,
     if version >= 2:
         constants, rest = _read_section(data, pos, path, "constants")
     vmfb = data[rest:]
-    _validate(manifest, vmfb, path, constants)
+    manifest = Manifest.from_json(manifest, len(constants), path)
+    _check_digests(manifest, vmfb, path, constants)
     return CompiledArtifact(vmfb, manifest, constants, _validated=True)
 
 
@@ -218,28 +223,15 @@ def _read_section(data: bytes, pos: int, path: str, what: str) -> tuple[bytes, i
 _DIGESTS = ("vmfb_sha256", "constants_sha256")
 
 
-def _validate(manifest: Any, vmfb: bytes, path: str, constants: bytes = b"",
-              digests: bool = True) -> None:
-    if not isinstance(manifest, dict):
-        raise ArtifactError(f"{path!r}: manifest is not a JSON object")
-    check_document(manifest, f"{path!r}: manifest")
-    missing = [k for k in _REQUIRED if k not in manifest]
-    if missing:
-        raise ArtifactError(f"{path!r}: manifest lacks {', '.join(missing)}")
-    if manifest["format_version"] not in _READS:
-        raise ArtifactError(f"{path!r}: manifest format {manifest['format_version']} is not "
-                            f"one of {_READS}")
-    check_manifest(manifest, len(constants), path)
-    if not digests:
-        return
-    if manifest.get("host_constants") and \
-            hashlib.sha256(constants).hexdigest() != manifest.get("constants_sha256"):
+def _check_digests(manifest: Manifest, vmfb: bytes, path: str, constants: bytes) -> None:
+    if manifest.host_constants and \
+            hashlib.sha256(constants).hexdigest() != manifest.constants_sha256:
         raise ArtifactError(f"{path!r} is corrupt or truncated: host constants do not match "
                             "the manifest's checksum")
     digest = hashlib.sha256(vmfb).hexdigest()
-    if digest != manifest["vmfb_sha256"]:
+    if digest != manifest.vmfb_sha256:
         raise ArtifactError(f"{path!r} is corrupt or truncated: module checksum {digest[:12]}… "
-                            f"does not match the manifest's {manifest['vmfb_sha256'][:12]}…")
+                            f"does not match the manifest's {manifest.vmfb_sha256[:12]}…")
 
 
 def file_sha256(path_or_bytes: Any) -> str:

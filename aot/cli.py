@@ -178,15 +178,14 @@ def cmd_compile(args) -> int:
     art = exported.compile()
     out = args.output or f"{exported.imported.name.lower()}.aot"
     art.save(out)
-    n_kc = len(art.manifest["kernel_calls"])
+    n_kc = len(art.manifest.kernel_calls)
     _step(f"wrote {out} ({os.path.getsize(out) / 1e6:.1f} MB, {n_kc} kernel calls) "
           f"in {time.perf_counter() - t0:.1f}s")
     from .artifact import file_sha256
     print(f"sha256: {file_sha256(out)}")  # what `aot run --sha256` / aot.load(sha256=) pin
     if args.save_plan:
-        from .plan import plan_of
         with open(args.save_plan, "w") as f:
-            json.dump(plan_of(art.manifest), f, indent=1)
+            json.dump(art.manifest.plan(), f, indent=1)
         _step(f"wrote the placement plan to {args.save_plan}")
     return 0
 

@@ -8,14 +8,7 @@ import json
 
 from .errors import UnsupportedOp
 
-__all__ = ["plan_of", "read_plan"]
-
-
-def plan_of(manifest: dict) -> dict:
-    """The decisions of the compile that wrote ``manifest``, to pin in another."""
-    region = manifest.get("region") or manifest.get("variant") or {}
-    return {"format": 1, "program": region.get("key"), "region": region.get("chosen"),
-            "candidates_ms": region.get("candidates_ms") or {}}
+__all__ = ["read_plan"]
 
 
 def read_plan(path: str) -> dict:

@@ -4,19 +4,21 @@ from __future__ import annotations
 
 from collections import Counter, defaultdict
 
+from .manifest import Manifest
+
 __all__ = ["format_report", "placement_summary"]
 
 
-def placement_summary(manifest: dict) -> dict:
+def placement_summary(manifest: Manifest) -> dict:
     """Totals: ops and FLOPs compiled vs fallen back, kernel calls per op."""
-    rows = manifest["placements"]
+    rows = manifest.placements
     comp = [r for r in rows if r["where"] == "compiled"]
     fall = [r for r in rows if r["where"] != "compiled"]
     return {
         "ops_compiled": len(comp), "ops_fallback": len(fall),
         "flops_compiled": sum(r["flops"] or 0 for r in comp),
         "flops_fallback": sum(r["flops"] or 0 for r in fall),
-        "kernel_calls": len(manifest["kernel_calls"]),
+        "kernel_calls": len(manifest.kernel_calls),
         "compiled_ops": dict(Counter(r["op"] for r in comp)),
         "fallback_ops": dict(Counter(r["op"] for r in fall)),
     }
@@ -26,28 +28,28 @@ def _gflops(n: int) -> str:
     return f"{n / 1e9:.3f} GFLOP"
 
 
-def format_report(manifest: dict) -> str:
+def format_report(manifest: Manifest) -> str:
     """Human-readable report of one artifact's placements."""
     s = placement_summary(manifest)
     total = s["ops_compiled"] + s["ops_fallback"]
-    pol = manifest.get("policy", {})
+    pol = manifest.policy or {}
     lines = [
-        f"model {manifest['name']}  target {manifest['target']}  fallback={pol.get('fallback')!r}"
+        f"model {manifest.name}  target {manifest.target}  fallback={pol.get('fallback')!r}"
         + (f"  fallback_ops={pol.get('fallback_ops')}" if pol.get("fallback_ops") else ""),
         f"ops: {total} total, {s['ops_compiled']} compiled by IREE, "
         f"{s['ops_fallback']} kernel calls into ATen",
     ]
-    if manifest.get("via", "torch") == "stablehlo":
+    if manifest.via == "stablehlo":
         lines.append("path: StableHLO (torch-mlir lowers the compiled ops, IREE compiles "
                      "StableHLO; an op torch-mlir cannot lower runs in ATen, with its error)")
     else:
         lines.append("path: Torch dialect (IREE lowers the compiled ops)")
-    cpu = manifest.get("cpu")
+    cpu = manifest.cpu
     if cpu:
         lines.append(f"cpu: {cpu['cpu']} ({cpu['arch']}; LLVM features: {len(cpu['features'])})"
                      + ("" if cpu["host"] else ", not this machine's: placement not "
                         "measured (coverage); refused at load by a CPU that cannot run it"))
-    symbols = manifest.get("symbols") or {}
+    symbols = manifest.symbols or {}
     if symbols:
         dims = "; ".join(
             f"{e.get('name') or sym} in {e['min']}..{e['max']} ("
@@ -55,7 +57,7 @@ def format_report(manifest: dict) -> str:
             for sym, e in symbols.items())
         example = ", ".join(f"{e.get('name') or sym}={e['example']}" for sym, e in symbols.items())
         at = [", ".join(f"{k}={v}" for k, v in sizes.items())
-              for sizes in (manifest.get("region") or {}).get("measured_at") or []]
+              for sizes in (manifest.region or {}).get("measured_at") or []]
         exported = ", ".join(f"{e.get('name') or sym}={e.get('exported', e['example'])}"
                              for sym, e in symbols.items())
         costs = f"the example's sizes ({example})" if exported == example else \
@@ -65,16 +67,16 @@ def format_report(manifest: dict) -> str:
             f"costs and regions at the example's sizes ({example})"
         lines.append(f"dynamic shapes: {dims}; one artifact serves every size in range. "
                      f"Measured: {where}")
-        spec = manifest.get("specialized") or {}
+        spec = manifest.specialized or {}
         if spec.get("kept"):
             sizes = ", ".join(f"{k}={v}" for k, v in spec["sizes"].items())
             lines.append(f"  specialised at the example ({sizes}): the module also holds the "
                          f"program compiled for those sizes ({spec['function']}), called when "
                          "a call's sizes are the example's; every other size runs main")
-    if manifest.get("folded_ops"):
-        lines.append(f"{manifest['folded_ops']} op(s) read only constants: computed once at "
+    if manifest.folded_ops:
+        lines.append(f"{manifest.folded_ops} op(s) read only constants: computed once at "
                      "compile time and stored as constants (not counted above)")
-    region = manifest.get("region")
+    region = manifest.region
     if region:
         spread = region.get("spread_ms") or {}
         times = ", ".join(f"{k} {v:.3f}" + (f" ±{spread[k]:.3f}" if k in spread else "")
@@ -101,10 +103,10 @@ def format_report(manifest: dict) -> str:
                          "measures again")
         if region.get("source", "measured") != "measured":
             lines.append(f"  the decision was {region['source']}")
-    if manifest.get("driver") == "local-sync":
+    if manifest.driver == "local-sync":
         lines.append("compiled code runs on IREE's local-sync driver: on the calling thread, "
                      "so no hand-off to worker threads around each kernel call")
-    ex = manifest.get("executor") or {}
+    ex = manifest.executor or {}
     if ex.get("memory_format") == "channels_last":
         lines.append("ATen regions run convolutions channels-last (NHWC)")
     if ex.get("prepack"):
@@ -120,7 +122,7 @@ def format_report(manifest: dict) -> str:
         lines.append(f"the C heap keeps up to {size} of freed memory between calls (on glibc, "
                      "for the whole process; AOT_LEAVE_HEAP=1 leaves it): ATen's intermediates "
                      "reuse pages instead of faulting fresh ones in every call")
-    if manifest.get("whole_program_call"):
+    if manifest.whole_program_call:
         lines.append("the program is one kernel call: on the CPU the runtime calls it directly, "
                      "without entering the IREE VM")
     if s["flops_compiled"] or s["flops_fallback"]:
@@ -130,7 +132,7 @@ def format_report(manifest: dict) -> str:
         lines.append("")
         lines.append("kernel calls (op, count, reason, source locations):")
         groups: dict[tuple[str, str], list] = defaultdict(list)
-        for r in manifest["placements"]:
+        for r in manifest.placements:
             if r["where"] != "compiled":
                 groups[(r["op"], r["reason"])].append(r["location"] or "<unknown>")
         for (op, reason), locs in sorted(groups.items()):
@@ -145,9 +147,9 @@ def format_report(manifest: dict) -> str:
     return "\n".join(lines)
 
 
-def kernel_call_ops(manifest: dict) -> list[dict]:
+def kernel_call_ops(manifest: Manifest) -> list[dict]:
     """Every op run through a kernel call, with groups flattened into their members."""
     out = []
-    for k in manifest["kernel_calls"]:
+    for k in manifest.kernel_calls:
         out.extend(k.get("members") or [k])
     return out

@@ -5,7 +5,7 @@
 Compiles ResNet18 twice (every op compiled, ``placement="coverage"``; every op one ATen
 kernel-call group, ``fallback="all"``) with this tree, then times, in a fresh process
 per tree and round (rounds interleaved), the median of 15 repetitions of: the manifest
-checks alone (``aot.manifest_check`` and ``aot.limits``), ``load_artifact`` (read,
+checks alone (``aot.manifest`` and ``aot.limits``), ``load_artifact`` (read,
 digests, checks) and ``aot.load`` (the same, then the module opened). A tree given with
 ``--tree`` is another checkout (say ``git worktree add /tmp/base HEAD~1``), imported in
 its place: the same files measured by both. Reported: the median over rounds.
@@ -40,7 +40,7 @@ def worker(paths: list[str], repeat: int) -> dict:
     """Times of each phase per artifact, in this process (imports the tree on sys.path)."""
     import aot
     from aot.artifact import load_artifact
-    from aot.manifest_check import check_manifest
+    from aot.manifest import check_manifest
     try:
         from aot.limits import check_document
     except ImportError:  # a tree from before the bounds existed
@@ -48,7 +48,7 @@ def worker(paths: list[str], repeat: int) -> dict:
     out = {}
     for path in paths:
         art = load_artifact(path)
-        m, n = art.manifest, len(art.constants)
+        m, n = art.manifest.to_json(), len(art.constants)
 
         def checks():
             if check_document is not None:

@@ -21,6 +21,10 @@ import os
 import platform
 import subprocess
 from functools import lru_cache
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from ..manifest import Manifest
 
 __all__ = ["host_problem", "host_features", "host_arch", "ARCHES"]
 
@@ -56,13 +60,13 @@ def host_features() -> dict[str, bool] | None:
     return features or None
 
 
-def host_problem(manifest: dict) -> str | None:
+def host_problem(manifest: "Manifest") -> str | None:
     """Why this machine cannot run ``manifest``'s compiled code, or None when it can
     (or the artifact records no CPU: older artifacts, other backends)."""
-    cpu = manifest.get("cpu")
-    if not cpu or manifest.get("driver") not in ("local-task", "local-sync"):
+    cpu = manifest.cpu
+    if not cpu or manifest.driver not in ("local-task", "local-sync"):
         return None
-    what = f"compiled for {cpu['cpu']} ({cpu['triple']}, target {manifest['target']!r})"
+    what = f"compiled for {cpu['cpu']} ({cpu['triple']}, target {manifest.target!r})"
     if cpu["arch"] != host_arch():
         return (f"{what}: this machine is {host_arch()}, that code is {cpu['arch']}; "
                 f"compile with target='cpu' on this machine, or run it on {cpu['arch']}")

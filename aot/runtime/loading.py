@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from ..artifact import CompiledArtifact, load_artifact, pinned_sha256
 from ..errors import ArtifactError
-from ..manifest_check import reading
+from ..manifest import reading
 
 __all__ = ["load", "read_artifact", "ARRAYS"]
 ARRAYS = ("torch", "numpy")

@@ -17,7 +17,7 @@ import torch.utils._pytree as pytree
 import iree.runtime as rt
 
 from ..artifact import CompiledArtifact
-from ..plan import plan_of
+from ..manifest import Manifest
 from ..treespec import load_treespec
 from ..errors import AotError, ArtifactError, InputMismatch, KernelCallFailed
 from ..symbolic import bind_inputs
@@ -67,26 +67,26 @@ class CompiledModule:
         self._direct = None
         self._at_example, self._example_env = None, None
         m = artifact.manifest
-        self.driver: str = m["driver"]
+        self.driver: str = m.driver
         self.inputs = [TorchTensor.from_json(i) if "dtype" in i else ("static", i["static"])
-                       for i in m["inputs"]]
-        self.input_names = m.get("input_names") or [f"input {i}" for i in range(len(self.inputs))]
+                       for i in m.inputs]
+        self.input_names = m.input_names or [f"input {i}" for i in range(len(self.inputs))]
         self._tensor_names = [n for n, i in zip(self.input_names, self.inputs)
                               if isinstance(i, TorchTensor)]
         # one entry per output leaf: a TorchTensor (returned by the module), or a
         # ("static", value) computed at export time, or ("scalar", kind)
         self.outputs = [TorchTensor.from_json(o) if "dtype" in o else next(iter(o.items()))
-                        for o in m["outputs"]]
+                        for o in m.outputs]
         self._tensor_outputs = [o for o in self.outputs if isinstance(o, TorchTensor)]
         self.outputs_static = [static_values.decode(o[1]) if isinstance(o, tuple)
                                and o[0] == "static" else None for o in self.outputs]
-        self.mutations = m.get("mutations") or []
+        self.mutations = m.mutations or []
         # a dynamic artifact's symbols (aot.symbolic): bound from the inputs on every call
-        self.symbols = m.get("symbols") or {}
-        self.returns_input = m.get("returns_input") or []
+        self.symbols = m.symbols or {}
+        self.returns_input = m.returns_input or []
         self._out_storage = [dtype_from_name(o.storage_dtype) for o in self._tensor_outputs]
-        self.in_spec = load_treespec(m["in_spec"])
-        self.out_spec = load_treespec(m["out_spec"])
+        self.in_spec = load_treespec(m.in_spec)
+        self.out_spec = load_treespec(m.out_spec)
         # the common call shapes skip pytree: positional leaves in, one leaf out
         self._positional = self.in_spec == pytree.tree_structure(
             (tuple(range(len(self.inputs))), {}))
@@ -106,16 +106,16 @@ class CompiledModule:
     def _open(self) -> None:
         if self.exec_options.retained_heap_bytes and self.driver.startswith("local"):
             heap.retain(self.exec_options.retained_heap_bytes)  # for ATen's intermediates
-        if self.manifest.get("host_program") is not None:
+        if self.manifest.host_program is not None:
             # one ATen region, run by the host: no IREE module, no device
-            self.program = HostProgram(self.manifest["host_program"],
+            self.program = HostProgram(self.manifest.host_program,
                                        self.artifact.host_constants(self.torch_device),
                                        self.torch_device)
             self.host = HostModule(None, None)  # type: ignore[arg-type]  (counts calls)
             return
         why = host_problem(self.manifest)
         if why is not None:  # before IREE: its code would die of SIGILL on the first call
-            raise ArtifactError(f"{self.manifest['name']}: cannot run here: {why}", stage="load")
+            raise ArtifactError(f"{self.manifest.name}: cannot run here: {why}", stage="load")
         self.device = get_device(self.driver)
         self.instance = rt.VmInstance()
         self.host = make_host_module(self.kernel_calls, self.device, self.driver,
@@ -130,7 +130,7 @@ class CompiledModule:
         self.main = main.lookup_function("main")
         # a dynamic program's static form at the example's sizes (aot.tuning.specialize):
         # called when every symbol is bound to its example size
-        spec = self.manifest.get("specialized") or {}
+        spec = self.manifest.specialized or {}
         self._at_example = main.lookup_function(spec["function"]) if spec.get("kept") else None
         if spec.get("kept") and self._at_example is None:
             raise ArtifactError(f"the module lacks its function {spec['function']!r}, which "
@@ -139,12 +139,12 @@ class CompiledModule:
         # A program that is one kernel call (an ATen region chosen by measurement)
         # holds no compiled code: on the CPU its host function is called directly,
         # without the VM's marshalling (same function, same checks, same results).
-        key = self.manifest.get("whole_program_call")
+        key = self.manifest.whole_program_call
         self._direct = (self.host.functions[key] if key and self.driver.startswith("local")
                         else None)
 
     @property
-    def manifest(self) -> dict:
+    def manifest(self) -> Manifest:
         return self.artifact.manifest
 
     @property
@@ -155,7 +155,7 @@ class CompiledModule:
     def plan(self) -> dict:
         """The placement decisions of this compile (the region candidate chosen), to
         pass as ``aot.compile(..., plan=...)`` so another compile makes the same ones."""
-        return plan_of(self.manifest)
+        return self.manifest.plan()
 
     def save(self, path: str) -> None:
         """Write the artifact to one file, loadable by :func:`load`."""
@@ -283,7 +283,7 @@ class CompiledModule:
                 if leaf.device.type != self.torch_device.type or (
                         leaf.device.type == "cuda" and (leaf.device.index or 0) != 0):
                     raise InputMismatch(f"{name}: expected a tensor on {self.torch_device} "
-                                        f"(module compiled for {self.manifest['target']}), got "
+                                        f"(module compiled for {self.manifest.target}), got "
                                         f"one on {leaf.device}")
                 if self.program is not None:
                     continue  # the host program takes the caller's tensors as they are

@@ -22,6 +22,7 @@ import iree.runtime as rt
 
 from ..errors import AotError, ArtifactError, InputMismatch
 from ..fallback import static_values
+from ..manifest import Manifest
 from ..symbolic import bind_inputs
 from ..torch_tensor import TorchTensor
 from ..treespec import TreeSpec, structure_error
@@ -57,18 +58,18 @@ class NumpyModule:
         m = artifact.manifest
         self.artifact, self.strict_layout, self.layout_conversions = artifact, strict_layout, 0
         _refuse_torch_only(m)
-        self.driver = m["driver"]
+        self.driver = m.driver
         self.inputs = [TorchTensor.from_json(i) if "dtype" in i else ("static", i["static"])
-                       for i in m["inputs"]]
-        self.input_names = m.get("input_names") or [f"input {i}" for i in range(len(self.inputs))]
+                       for i in m.inputs]
+        self.input_names = m.input_names or [f"input {i}" for i in range(len(self.inputs))]
         self._tensor_names = [n for n, i in zip(self.input_names, self.inputs)
                               if isinstance(i, TorchTensor)]
         self.outputs = [TorchTensor.from_json(o) if "dtype" in o else
-                        static_values.decode(o["static"]) for o in m["outputs"]]
+                        static_values.decode(o["static"]) for o in m.outputs]
         self._n_results = sum(isinstance(o, TorchTensor) for o in self.outputs)
-        self.symbols = m.get("symbols") or {}
-        self.in_spec = TreeSpec.loads(m["in_spec"])
-        self.out_spec = TreeSpec.loads(m["out_spec"])
+        self.symbols = m.symbols or {}
+        self.in_spec = TreeSpec.loads(m.in_spec)
+        self.out_spec = TreeSpec.loads(m.out_spec)
         why = host_problem(m)
         if why is not None:  # before IREE: its code would die of SIGILL on the first call
             raise ArtifactError(f"{m['name']}: cannot run here: {why}", stage="load")
@@ -81,13 +82,13 @@ class NumpyModule:
         except RuntimeError as e:
             raise ArtifactError(f"IREE could not load the module: {e}") from e
         self.main = module.lookup_function("main")
-        spec = m.get("specialized") or {}
+        spec = m.specialized or {}
         self._at_example = module.lookup_function(spec["function"]) if spec.get("kept") else None
         self._example_env = spec.get("at")
         _live.add(self)
 
     @property
-    def manifest(self) -> dict:
+    def manifest(self) -> Manifest:
         return self.artifact.manifest
 
     def report(self) -> str:
@@ -160,36 +161,36 @@ class NumpyModule:
             self.__dict__.pop(attr, None)
 
     def __repr__(self) -> str:
-        return f"<NumpyModule {self.manifest['name']} target={self.manifest['target']}>"
+        return f"<NumpyModule {self.manifest.name} target={self.manifest.target}>"
 
 
-def _refuse_torch_only(m: dict) -> None:
+def _refuse_torch_only(m: Manifest) -> None:
     """ArtifactError naming what in manifest ``m`` needs torch at run time."""
     why = []
-    if m.get("kernel_calls"):
-        ops = sorted({p["op"] for p in m.get("placements", []) if p["where"] == "kernel_call"})
+    if m.kernel_calls:
+        ops = sorted({p["op"] for p in m.placements if p["where"] == "kernel_call"})
         why.append(f"kernel calls into ATen for {len(ops)} op(s): {', '.join(ops[:8])}"
                    f"{', ...' if len(ops) > 8 else ''}")
-    if m.get("host_program") is not None:
+    if m.host_program is not None:
         why.append("it runs as one ATen region (placement chose it)")
-    if m.get("mutations"):
+    if m.mutations:
         why.append("in-place updates of its inputs")
-    if any(k is not None for k in m.get("returns_input") or []):
+    if any(k is not None for k in m.returns_input):
         why.append("outputs that are its inputs")
-    if m.get("driver") not in ("local-task", "local-sync"):
-        why.append(f"the {m.get('driver')} driver")
-    for where in ("inputs", "outputs"):
-        for i, d in enumerate(m.get(where, [])):
+    if m.driver not in ("local-task", "local-sync"):
+        why.append(f"the {m.driver} driver")
+    for where, entries in (("inputs", m.inputs), ("outputs", m.outputs)):
+        for i, d in enumerate(entries):
             if "dtype" in d and d["dtype"] not in NUMPY_DTYPES:
                 why.append(f"{where}[{i}] is {d['dtype']}, which numpy does not hold")
             elif "scalar" in d:
                 why.append(f"{where}[{i}] is a Python scalar computed at run time")
-    for key in ("in_spec", "out_spec"):
-        if not TreeSpec.loads(m[key]).plain:
-            why.append(f"its {'input' if key == 'in_spec' else 'output'} structure holds "
+    for what, spec in (("input", m.in_spec), ("output", m.out_spec)):
+        if not TreeSpec.loads(spec).plain:
+            why.append(f"its {what} structure holds "
                        "containers other than tuples, lists and dicts")
     if why:
-        raise ArtifactError(f"{m['name']}: this artifact needs torch at run time ("
+        raise ArtifactError(f"{m.name}: this artifact needs torch at run time ("
                             + "; ".join(why) + "): install torch, or compile with "
                             "placement='coverage' a model whose ops all compile "
                             "(aot.export_vmfb lists those that do not)", stage="load")

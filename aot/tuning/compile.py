@@ -172,9 +172,8 @@ def _compile_split(imported: ImportedProgram, target: Target, policy: PlacementP
         if aten is None and example is not None:
             art, aten = _aten_far_ahead(imported, target, policy, example)
             if art is not None:
-                art.manifest["compile_seconds"] = round(time.perf_counter() - t0, 3)
-                art.manifest["folded_ops"] = folded
-                return art
+                return art.with_manifest(compile_seconds=round(time.perf_counter() - t0, 3),
+                                         folded_ops=folded)
         p = _without_calls_that_do_not_pay(p, imported, target, policy, demoted, assumed)
         # the compiles run beside each other and beside this thread, which meanwhile
         # partitions the variant and builds the ATen-region candidates: each iree-compile
@@ -212,11 +211,9 @@ def _compile_split(imported: ImportedProgram, target: Target, policy: PlacementP
             elif variants:
                 name, entry = pick_variant({"iree": art, **variants}, example, target,
                                            policy.plan)
-                art = {"iree": art, **variants}[name]
-                art.manifest["variant"] = entry
-            art.manifest["compile_seconds"] = round(time.perf_counter() - t0, 3)
-            art.manifest["folded_ops"] = folded
-            return art
+                art = {"iree": art, **variants}[name].with_manifest(variant=entry)
+            return art.with_manifest(compile_seconds=round(time.perf_counter() - t0, 3),
+                                     folded_ops=folded)
         fresh = {k: v for k, v in blame(diag, p.mlir, p.placements).items() if k not in demoted}
         if not fresh and demoted:
             fresh = grow(demoted, p.placements, p.producers or {}, first_error(diag))

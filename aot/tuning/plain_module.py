@@ -23,6 +23,7 @@ import os
 import re
 
 from ..errors import CompileFailed, UnsupportedOp
+from ..manifest import Manifest
 from .compile import compile_model
 from ..backend.iree_compile import first_error, try_compile
 from ..partition.partitioner import partition
@@ -53,7 +54,7 @@ def plain_vmfb(imported, target, parameters: str | None = None,
     if parameters is None:
         return art.vmfb
     return _with_parameters(imported, dataclasses.replace(target, flags=tuple(
-        art.manifest["flags"])), coverage, os.path.abspath(parameters), min_bytes)
+        art.manifest.flags)), coverage, os.path.abspath(parameters), min_bytes)
 
 
 def _with_parameters(imported, target, policy, path: str, min_bytes: int) -> bytes:
@@ -101,10 +102,10 @@ def externalize_weights(asm: str) -> str:
     return "\n".join(out[:head + 1] + globals_ + out[head + 1:]) + "\n"
 
 
-def check_plain(manifest: dict) -> None:
+def check_plain(manifest: Manifest) -> None:
     """Raise UnsupportedOp naming every op that keeps ``manifest``'s module from
     running on IREE's runtime alone."""
-    calls = [p for p in manifest.get("placements", []) if p.get("where") == "kernel_call"]
+    calls = [p for p in (manifest.placements or []) if p.get("where") == "kernel_call"]
     if calls:
         lines = "\n".join(f"  {p['op']}  at {p.get('location') or '?'}: {p.get('reason', '')}"
                           for p in calls[:40])
@@ -116,7 +117,7 @@ def check_plain(manifest: dict) -> None:
             "To see why each op is not compiled, compile with fallback='none' (every op "
             "IREE cannot lower, listed); to get rid of them, replace those ops in the "
             "model, or deploy the .aot artifact with aot.load instead.")
-    if manifest.get("mutations"):
+    if manifest.mutations:
         raise UnsupportedOp("the program updates its inputs in place (buffers or "
                             "arguments), which a plain IREE module cannot do to the "
                             "caller's tensors; deploy the .aot artifact with aot.load")

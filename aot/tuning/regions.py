@@ -203,13 +203,13 @@ def choose_region(per_op: CompiledArtifact, imported: ImportedProgram, target: T
     t0 = time.perf_counter()
     cands = {"iree": per_op}
     if target.driver == "local-task" and any(
-            pl["where"] == "compiled" for pl in per_op.manifest["placements"]) \
-            and per_op.manifest["kernel_calls"]:
+            pl["where"] == "compiled" for pl in per_op.manifest.placements) \
+            and per_op.manifest.kernel_calls:
         # IREE's dispatches on the calling thread: no hand-off to worker threads
         # around each kernel call, at the price of single-threaded compiled code
         cands["iree-sync"] = per_op.with_manifest(driver="local-sync")
-        keys = [k["key"] for k in per_op.manifest["kernel_calls"]]
-        executor = per_op.manifest.get("executor") or {}
+        keys = [k["key"] for k in per_op.manifest.kernel_calls]
+        executor = per_op.manifest.executor or {}
         if set(keys) - set(executor.get("one_thread_calls") or ()):
             # every kernel call on the calling thread alone, heavy ones too: torch's
             # OpenMP team then never spins on the cores IREE's workers run on
@@ -248,7 +248,7 @@ def choose_region(per_op: CompiledArtifact, imported: ImportedProgram, target: T
     if best in ("iree", "iree-sync", "iree-one-thread") or best in (variants or {}):
         # a variant was partitioned on its own (as placement="coverage"):
         # its placements, not the per-op ones, say where its ops run
-        return _with_region(cands[best], region, cands[best].manifest["placements"], policy)
+        return _with_region(cands[best], region, cands[best].manifest.placements, policy)
     times = region.get("candidates_ms") or {}
     if best in times and "iree" in times:
         why = (f"one ATen region ({best}): the whole program ran faster in ATen on this "
@@ -258,7 +258,7 @@ def choose_region(per_op: CompiledArtifact, imported: ImportedProgram, target: T
         why = f"one ATen region ({best}): {region.get('source', 'measured')}"
     placements = [dataclasses.replace(Placement.from_json(pl), where=KERNEL_CALL,
                                       reason=why).to_json()
-                  for pl in cands[best].manifest["placements"]]
+                  for pl in cands[best].manifest.placements]
     return _with_region(cands[best], region, placements, policy)
 
 
@@ -313,7 +313,7 @@ def aten_far_ahead(imported: ImportedProgram, target: Target, policy: PlacementP
     log.info("region placement: %s", region)
     placements = [dataclasses.replace(Placement.from_json(pl), where=KERNEL_CALL,
                                       reason=why).to_json()
-                  for pl in aten[best].manifest["placements"]]
+                  for pl in aten[best].manifest.placements]
     return _with_region(aten[best], region, placements, policy)
 
 
@@ -461,7 +461,7 @@ def program_key(imported: ImportedProgram, target: Target, cands: dict) -> str:
     parts = [imported.exported.graph_module.code,
              json.dumps([i.to_json() if hasattr(i, "to_json") else list(i)
                          for i in imported.flat_inputs], sort_keys=True, default=str),
-             json.dumps(sorted(k + ("@example" if c.manifest.get("specialized") else "")
+             json.dumps(sorted(k + ("@example" if c.manifest.specialized else "")
                                for k, c in cands.items())), " ".join(target.flags), target.driver,
              machine_key(), f"rule {_RULE}", f"prepack {prepack.VERSION}", FORMS]
     if imported.symbols:  # a dynamic program is measured at its range's end too
@@ -509,7 +509,7 @@ def aten_candidates(imported: ImportedProgram, target: Target) -> dict:
         p = partition(imported, target, PlacementPolicy("all"))
         aten = compile_program(p)
         cands["aten"] = aten
-        ops = [m["op"] for k in aten.manifest["kernel_calls"] for m in (k.get("members") or [k])]
+        ops = [m["op"] for k in aten.manifest.kernel_calls for m in (k.get("members") or [k])]
         nhwc = has_conv(ops) and layout_safe(ops)
         if target.driver.startswith("local") and prepack.available() \
                 and (has_conv(ops) or {"aten::linear", "aten::matmul"} & set(ops)):
@@ -525,7 +525,7 @@ def aten_candidates(imported: ImportedProgram, target: Target) -> dict:
 def _with_executor(a: CompiledArtifact, options: ExecOptions) -> CompiledArtifact:
     # the quantized engine and the heap plan are the program's (recorded at compile),
     # never a candidate's
-    recorded = a.manifest.get("executor") or {}
+    recorded = a.manifest.executor or {}
     executor = {**options.to_json(), "quantized_engine": recorded.get("quantized_engine"),
                 "retained_heap_bytes": recorded.get("retained_heap_bytes", 0)}
     return a.with_manifest(executor=executor)
@@ -645,7 +645,7 @@ def _sibling_out(name: str, cands: dict, warm: dict, call_s: dict) -> str | None
     others = [s for k, s in call_s.items() if k != parent and k not in _SIBLINGS]
     if not others:
         return None
-    calls = len(cands[parent].manifest["kernel_calls"])
+    calls = len(cands[parent].manifest.kernel_calls)
     floor = min(warm[parent]) - calls * _SIBLING_GAIN_MS / 1e3
     best = min(others)
     if min(warm[parent]) < _SLOW_S or floor < OUT_OF_RACE * best:
@@ -658,7 +658,8 @@ def _sibling_out(name: str, cands: dict, warm: dict, call_s: dict) -> str | None
 
 def _packs(art) -> bool:
     """The candidate's executor packs weights on its first call (``aten-prepacked``)."""
-    return bool((getattr(art, "manifest", {}).get("executor") or {}).get("prepack"))
+    manifest = getattr(art, "manifest", None)
+    return manifest is not None and bool((manifest.executor or {}).get("prepack"))
 
 
 def _in_race(samples: dict[str, list], names: list[str]) -> list[str]:

@@ -55,8 +55,8 @@ def worth_specializing(art: CompiledArtifact | None, imported: ImportedProgram) 
     if art is None or not imported.symbols or imported.at_example is None or not art.vmfb:
         return False
     m = art.manifest
-    return not m["kernel_calls"] and m.get("host_program") is None \
-        and all(pl["where"] == "compiled" for pl in m["placements"])
+    return not m.kernel_calls and m.host_program is None \
+        and all(pl["where"] == "compiled" for pl in m.placements)
 
 
 def specialize(art: CompiledArtifact, imported: ImportedProgram, target: Target,
@@ -82,8 +82,9 @@ def specialize(art: CompiledArtifact, imported: ImportedProgram, target: Target,
     entry = {"function": AT_EXAMPLE, "at": {s: e["example"] for s, e in imported.symbols.items()},
              "sizes": {e.get("name") or s: e["example"] for s, e in imported.symbols.items()},
              "kept": True, "compile_seconds": round(time.perf_counter() - t0, 2)}
-    return CompiledArtifact(vmfb, {**art.manifest, "vmfb_sha256": hashlib.sha256(vmfb).hexdigest(),
-                                   "specialized": entry}, art.constants)
+    manifest = art.manifest.replace(len(art.constants), specialized=entry,
+                                    vmfb_sha256=hashlib.sha256(vmfb).hexdigest())
+    return CompiledArtifact.built(vmfb, manifest, art.constants)
 
 
 def combine(dynamic, static) -> str:

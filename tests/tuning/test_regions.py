@@ -1,6 +1,7 @@
 """Region placement (measured end to end), host-held constants, channels-last ATen regions."""
 
 import time
+import types
 
 import pytest
 import torch
@@ -215,7 +216,7 @@ def test_a_slow_candidate_that_packs_on_its_first_call_is_warmed_twice(monkeypat
     calls = {k: 0 for k in ms}
     _fake_modules(monkeypatch, regions, ms, calls)
     cands = {"iree": _Cand("iree"), "aten-prepacked": _Cand("aten-prepacked")}
-    cands["aten-prepacked"].manifest["executor"] = {"prepack": True}
+    cands["aten-prepacked"].manifest.executor = {"prepack": True}
     stats = regions._time_candidates(cands, ((), {}), get_target("cpu"))
     assert regions._WARMUP_CPU == 2 and regions._WARMUP_SLOW == 1
     # the last warm-up call is the first sample: iree warmed once, aten-prepacked twice
@@ -227,7 +228,8 @@ class _Cand(str):
     """A candidate name standing in for an artifact: the manifest its kernel calls are read from."""
     def __new__(cls, name, calls=0):
         self = super().__new__(cls, name)
-        self.manifest = {"kernel_calls": [{"key": f"k{i}"} for i in range(calls)]}
+        self.manifest = types.SimpleNamespace(
+            kernel_calls=[{"key": f"k{i}"} for i in range(calls)], executor=None)
         return self
 
 

@@ -1,8 +1,18 @@
-"""Field-by-field validation of an artifact's manifest, naming the field that is wrong.
+"""The manifest: what an artifact says about its program, as typed fields.
 
-A file whose bytes were changed fails its checksum (``aot.artifact``); this
-module is for a manifest that checksums but was written by hand, by another
-tool, or by a buggy one. Every field the runtime reads is checked for its type,
+The backend builds one per artifact (``aot.backend.build``); a file's is read with
+``Manifest.from_json``, which checks every field (below) before any is read. A manifest is frozen: a candidate that differs in its driver, executor or
+region is ``replace(...)``-d into a new manifest, checked again, never edited after
+its check. The runtime, the numpy runtime, the report and the CLI read its fields;
+the entries below the top level (kernel calls, placements, the region) are the JSON
+their own readers parse (``KernelCallSpec.from_json``, ``Placement.from_json``...).
+
+As a read-only ``Mapping`` it is the JSON document the file holds (the keys present,
+as ``to_json`` writes them), for tools that read artifacts as JSON.
+
+**The field checks.** A file whose bytes were changed fails its checksum
+(``aot.artifact``); the checks are for a manifest that checksums but was written by
+hand, by another tool, or by a buggy one. Every field the runtime reads is checked for its type,
 its range and its agreement with the rest of the artifact (input indices,
 constant offsets inside the constants blob, pytree leaf counts), and the first
 problem is an ``ArtifactError`` naming the field as a path (``inputs[1].shape``).
@@ -12,18 +22,144 @@ readers at load; anything those raise is reported against their field.
 
 from __future__ import annotations
 
+import copy
+import dataclasses
 import keyword
 import math
 import re
-from typing import Any, Callable
+from collections.abc import Mapping
+from typing import Any, Callable, Iterator
 
 from .errors import AotError, ArtifactError
 from .limits import MAX_RANK, MAX_TENSOR_BYTES, check_document, read_json, tensor_bytes
 from .op_table import GROUP_OP, name_problem, py_problem
 from .treespec import TreeSpec
 
-__all__ = ["check_manifest"]
+__all__ = ["Manifest", "FORMAT_VERSION", "READS", "check_manifest", "reading"]
 
+FORMAT_VERSION = 3
+READS = (1, 2, 3)
+REQUIRED = ("format_version", "target", "driver", "flags", "torch_version", "iree_version",
+            "inputs", "outputs", "in_spec", "out_spec", "kernel_calls", "placements",
+            "vmfb_sha256", "name")
+# written only when set (a compile that measured regions, a host program...)
+_WHEN_SET = ("host_program", "region", "variant", "specialized", "folded_ops")
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class Manifest(Mapping):
+    """The manifest's fields; ``from_json`` / ``to_json`` are the file's JSON."""
+
+    name: str
+    target: str
+    driver: str
+    flags: tuple[str, ...]
+    torch_version: str
+    iree_version: str
+    inputs: tuple[dict, ...]
+    outputs: tuple[dict, ...]
+    in_spec: str
+    out_spec: str
+    kernel_calls: tuple[dict, ...]
+    placements: tuple[dict, ...]
+    vmfb_sha256: str
+    format_version: int = FORMAT_VERSION
+    via: str = "torch"
+    cpu: dict | None = None
+    input_names: tuple[str, ...] | None = None
+    symbols: dict = dataclasses.field(default_factory=dict)
+    mutations: tuple[dict, ...] = ()
+    returns_input: tuple[int | None, ...] = ()
+    policy: dict | None = None
+    executor: dict | None = None
+    whole_program_call: str | None = None
+    compile_seconds: float | None = None
+    host_constants: dict = dataclasses.field(default_factory=dict)
+    constants_sha256: str | None = None
+    host_program: dict | None = None
+    region: dict | None = None
+    variant: dict | None = None
+    specialized: dict | None = None
+    folded_ops: int | None = None
+
+    @classmethod
+    def from_json(cls, doc: Any, constants_len: int, path: str = "<in memory>") -> "Manifest":
+        """The manifest of JSON document ``doc``, every field checked first.
+
+        Raises:
+            ArtifactError: naming the first field that is missing or malformed.
+        """
+        if isinstance(doc, Manifest):
+            doc = doc.to_json()
+        if not isinstance(doc, dict):
+            raise ArtifactError(f"{path!r}: manifest is not a JSON object")
+        check_document(doc, f"{path!r}: manifest")
+        missing = [k for k in REQUIRED if k not in doc]
+        if missing:
+            raise ArtifactError(f"{path!r}: manifest lacks {', '.join(missing)}")
+        if doc["format_version"] not in READS:
+            raise ArtifactError(f"{path!r}: manifest format {doc['format_version']} is not "
+                                f"one of {READS}")
+        check_manifest(doc, constants_len, path)
+        doc = copy.deepcopy(doc)  # nothing the caller holds reaches into this manifest
+        fields = {}
+        for f in dataclasses.fields(cls):
+            if f.name in doc and doc[f.name] is not None:
+                v = doc[f.name]
+                fields[f.name] = tuple(v) if f.type.startswith("tuple") else v
+        return cls(**fields)
+
+    def to_json(self) -> dict:
+        """The JSON document (a fresh copy: changing it changes no manifest)."""
+        out = {}
+        for f in dataclasses.fields(self):
+            v = getattr(self, f.name)
+            if v is None and f.name in _WHEN_SET:
+                continue
+            out[f.name] = list(v) if isinstance(v, tuple) else v
+        return copy.deepcopy(out)
+
+    def replace(self, constants_len: int, **fields: Any) -> "Manifest":
+        """A new manifest with ``fields`` set, checked as a file's is."""
+        unknown = set(fields) - {f.name for f in dataclasses.fields(self)}
+        if unknown:
+            raise TypeError(f"not manifest fields: {sorted(unknown)}")
+        return Manifest.from_json({**self.to_json(), **fields}, constants_len)
+
+    def plan(self) -> dict:
+        """The decisions of the compile that wrote it, to pin in another: what
+        ``CompiledModule.plan()`` returns and ``plan=`` / ``aot compile --plan`` take
+        (``aot.plan.read_plan`` reads one saved as JSON)."""
+        region = self.region or self.variant or {}
+        return {"format": 1, "program": region.get("key"), "region": region.get("chosen"),
+                "candidates_ms": region.get("candidates_ms") or {}}
+
+    # the read-only JSON view
+    def _doc(self) -> dict:
+        doc = self.__dict__.get("_json")
+        if doc is None:
+            doc = self.to_json()
+            object.__setattr__(self, "_json", doc)
+        return doc
+
+    def __getitem__(self, key: str) -> Any:
+        return self._doc()[key]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._doc())
+
+    def __len__(self) -> int:
+        return len(self._doc())
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, Manifest):
+            return self.to_json() == other.to_json()
+        return NotImplemented
+
+    __hash__ = None  # type: ignore[assignment]
+
+
+# -- the field checks ------------------------------------------------------------------
 DRIVERS = ("local-task", "local-sync", "cuda")
 _HEX64 = re.compile(r"^[0-9a-f]{64}$")
 _KEY = re.compile(r"[A-Za-z_][A-Za-z0-9_.]{0,127}\Z")
