@@ -124,6 +124,7 @@ class Manifest(Mapping):
         unknown = set(fields) - {f.name for f in dataclasses.fields(self)}
         if unknown:
             raise TypeError(f"not manifest fields: {sorted(unknown)}")
+        fields = {k: list(v) if isinstance(v, tuple) else v for k, v in fields.items()}
         return Manifest.from_json({**self.to_json(), **fields}, constants_len)
 
     def plan(self) -> dict:

@@ -98,3 +98,9 @@ def test_the_plan_view(art):
     assert m.plan() == {"format": 1, "program": "k1", "region": "aten",
                         "candidates_ms": {"iree": 2.0, "aten": 1.0}}
     assert art.manifest.replace(len(art.constants), region=None, variant=None).plan()["region"] is None
+
+
+def test_replace_takes_fields_read_from_another_manifest(art):
+    """A field read off a manifest is a tuple; set on another, it is the same JSON list."""
+    m = art.manifest.replace(len(art.constants), placements=art.manifest.placements)
+    assert m == art.manifest and isinstance(m.to_json()["placements"], list)
