@@ -452,12 +452,34 @@ def _host_program(m: dict, n_inputs: int) -> None:
             name = d.get("constant", d.get("state"))
             _need(_one_of(name, consts), f, f"names constant {name!r}, which host_constants lacks")
             _laid_out(d.get("strides"), consts[name], f"{f}.strides")
-    for i, d in enumerate(hp["nodes"]):
-        f = f"host_program.nodes[{i}]"
+    _host_nodes(hp["nodes"], "host_program")
+    graphs = hp.get("graphs")
+    if graphs is None:
+        return
+    _need(isinstance(graphs, dict), "host_program.graphs", "expected an object")
+    for name, g in graphs.items():
+        f = f"host_program.graphs.{name}"
+        _need(isinstance(g, dict) and all(isinstance(g.get(k), list)
+                                          for k in ("inputs", "nodes", "outputs")), f,
+              "expected an object with inputs, nodes and outputs lists")
+        for i, d in enumerate(g["inputs"]):
+            _need(isinstance(d, dict) and isinstance(d.get("node"), str) and _is_int(d.get("user"))
+                  and d["user"] == i, f"{f}.inputs[{i}]",
+                  "expected {node, user: its operand index}")
+        _host_nodes(g["nodes"], f)
+
+
+_HOP_NAMES = ("hop:cond", "hop:while_loop")
+
+
+def _host_nodes(nodes: list, where: str) -> None:
+    for i, d in enumerate(nodes):
+        f = f"{where}.nodes[{i}]"
         _need(isinstance(d, dict) and isinstance(d.get("name"), str)
               and isinstance(d.get("target"), str), f, "expected an object with name and target")
         t = d["target"]
-        why = py_problem(t[3:]) if t.startswith("py:") else name_problem(*t.rpartition(".")[::2])
+        why = (None if t in _HOP_NAMES else py_problem(t[3:]) if t.startswith("py:")
+               else name_problem(*t.rpartition(".")[::2]))
         _need(why is None, f"{f}.target", str(why))
         _need(isinstance(d.get("args", []), list), f"{f}.args", "expected a list")
         _need(isinstance(d.get("kwargs", {}), dict), f"{f}.kwargs", "expected an object")

@@ -4,9 +4,12 @@ IREE 3.13 lowers ``scaled_dot_product_attention`` to its attention op, which its
 CPU backend runs several times slower than the same arithmetic written out as
 ``bmm -> softmax -> bmm``. The partitioner emits the written-out form for the
 attention it compiles (``attention_as_matmuls``), the cost probe times the same
-form. Rewritten: no dropout, not causal, no GQA, no mask or a floating-point
-additive mask; others keep the op. ``softmax(q k^T * scale + mask) v`` is the
-definition of the op, so the rewrite is exact up to summation order.
+form. Rewritten: no dropout, not causal, no GQA, no mask, a floating-point
+additive mask or a boolean one (False: masked out, as ``-inf``); others keep the op.
+``softmax(q k^T * scale + mask) v`` is the definition of the op, so the rewrite is
+exact up to summation order. A row masked out everywhere gives zeros, as eager's
+(its softmax is taken as all zeros, not ``0/0``); IREE's own attention op gives NaN
+there, so a masked attention is always rewritten.
 """
 
 from __future__ import annotations
@@ -40,7 +43,8 @@ def _plan(n: torch.fx.Node) -> dict | None:
         return None
     if q.shape[:-2] != k.shape[:-2] or k.shape[:-2] != v.shape[:-2] or not q.dtype.is_floating_point:
         return None
-    if a.get("attn_mask") is not None and (mask is None or not mask.dtype.is_floating_point):
+    if a.get("attn_mask") is not None and (mask is None or not (
+            mask.dtype.is_floating_point or mask.dtype == torch.bool)):
         return None
     scale = a.get("scale")
     return {"q": a["query"], "k": a["key"], "v": a["value"], "mask": a.get("attn_mask"),
@@ -71,11 +75,29 @@ def attention_as_matmuls(node: torch.fx.Node, g: torch.fx.Graph, env: dict) -> t
         mv = _val(plan["mask"])
         s4v = sv.reshape(*lead, lq, lk)
         s4 = emit(aten.reshape.default, (s, [*lead, lq, lk]), s4v)
-        s4v = s4v + mv
-        s4 = emit(aten.add.Tensor, (s4, env[plan["mask"]]), s4v)
-        s = emit(aten.reshape.default, (s4, [b, lq, lk]), s4v.reshape(b, lq, lk))
-    pv = torch.softmax(sv, -1)
-    p = emit(aten._softmax.default, (s, -1, False), pv)
+        if mv.dtype == torch.bool:  # False masks out: -inf where it is False
+            offv = torch.logical_not(mv)
+            off = emit(aten.logical_not.default, (env[plan["mask"]],), offv)
+            s4v = s4v.masked_fill(offv, float("-inf"))
+            s4 = emit(aten.masked_fill.Scalar, (s4, off, float("-inf")), s4v)
+        else:
+            s4v = s4v + mv
+            s4 = emit(aten.add.Tensor, (s4, env[plan["mask"]]), s4v)
+        # a row masked out everywhere (its max -inf) is zeros, as eager's; NaN scores
+        # stay NaN (their max is NaN)
+        p4v = torch.softmax(s4v, -1)
+        p4 = emit(aten._softmax.default, (s4, -1, False), p4v)
+        mxv = torch.amax(s4v, -1, keepdim=True)
+        mx = emit(aten.amax.default, (s4, [-1], True), mxv)
+        deadv = mxv == float("-inf")
+        dead = emit(aten.eq.Scalar, (mx, float("-inf")), deadv)
+        p4v = torch.where(deadv, 0.0, p4v)
+        p4 = emit(aten.where.ScalarSelf, (dead, 0.0, p4), p4v)
+        pv = p4v.reshape(b, lq, lk)
+        p = emit(aten.reshape.default, (p4, [b, lq, lk]), pv)
+    else:
+        pv = torch.softmax(sv, -1)
+        p = emit(aten._softmax.default, (s, -1, False), pv)
     ov = torch.bmm(pv, v3v)
     o = emit(aten.bmm.default, (p, v3), ov)
     out = node.meta["val"]

@@ -8,7 +8,9 @@ softmax (``attention_rewrites``), global average pooling as a mean
 (``linear_rewrites``), integer floor division as truncating division and a
 correction (``int_division``: IREE's goes through floating point, wrong past 2**24),
 variance and standard deviation in two passes (``var_rewrites``: IREE's one pass
-cancels where the mean is large). ``emit`` is the one entry point: the partitioner calls it for
+cancels where the mean is large), reductions of float16/bfloat16 tensors in float32
+(``half_rewrites``: IREE accumulates in the half type, which overflows or loses the
+total over a long reduction). ``emit`` is the one entry point: the partitioner calls it for
 every compiled op, the cost probe for the one-op graphs it times, so both measure
 and build the same form.
 
@@ -29,19 +31,21 @@ from .linear_rewrites import linear_as_2d
 from .int_division import floor_division_exact
 from .pool_rewrites import global_pool_as_mean
 from .var_rewrites import variance_two_pass
+from .half_rewrites import reductions_in_float
 
 __all__ = ["FORMS", "emit"]
 
 # names the compiled forms; part of the cost cache's key (``cost``), so a measurement
 # of an op's older form is not reused
-FORMS = ("conv-as-matmul-4+depthwise-nhwc-1+depthwise-as-shifts-3+attention-as-matmuls-1"
-         "+global-pool-as-mean-1+linear-as-2d-2+int-floor-division-1+variance-two-pass-1")
+FORMS = ("conv-as-matmul-4+depthwise-nhwc-1+depthwise-as-shifts-3+attention-as-matmuls-2"
+         "+global-pool-as-mean-1+linear-as-2d-2+int-floor-division-1+variance-two-pass-1"
+         "+half-reductions-in-float-1")
 _REWRITES = (conv_as_matmul, depthwise_as_shifts, attention_as_matmuls, global_pool_as_mean,
-             linear_as_2d, floor_division_exact, variance_two_pass)
+             linear_as_2d, floor_division_exact, variance_two_pass, reductions_in_float)
 # the forms that also take sizes following a dynamic dimension (``dynamic_shapes``)
-_SYMBOLIC = (linear_as_2d, floor_division_exact)
+_SYMBOLIC = (linear_as_2d, floor_division_exact, reductions_in_float)
 # the forms that are about exactness, not IREE's speed: a portable export keeps these only
-_EXACT = (floor_division_exact, variance_two_pass)
+_EXACT = (floor_division_exact, variance_two_pass, reductions_in_float)
 
 
 def emit(node: torch.fx.Node, g: torch.fx.Graph, env: dict, named: bool = False,

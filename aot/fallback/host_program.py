@@ -4,7 +4,8 @@ Some programs cannot be held by compiled code at all: a value whose shape
 depends on the data (``nonzero``, ``masked_select``, ``unique``), a dtype IREE
 has no type for (``complex128``, ``float8``, ``uint16``...), an int/float/bool
 result only known at run time (``x.sum().item() > 0``), a buffer the model
-updates in place, or a program IREE fails on whichever way it is split. Such a
+updates in place, control flow (``torch.cond``, ``torch.while_loop``), or a program
+IREE fails on whichever way it is split. Such a
 program is *one ATen region*: the compiler records its functional graph
 (``aot.partition.host_program``) and this module runs it, the same ``torch.ops``
 overloads eager runs, on the same values, so results are eager's bit for bit.
@@ -18,7 +19,9 @@ The manifest's ``host_program`` entry (JSON, no pickle)::
                                                    # a buffer the model updates
      "nodes": [{"name": "add", "target": "aten::add.Tensor", "args": [...],
                 "kwargs": {...}, "location": "model.py:12"}, ...],
-     "outputs": [...]}                     # every output leaf: mutations, then the user's
+     "outputs": [...],                     # every output leaf: mutations, then the user's
+     "graphs": {"g0": {"inputs": [{"node": "x", "user": 0}], "nodes": [...],
+                       "outputs": [...]}}}    # branches and loop bodies (optional)
 
 Operands follow the non-tensor operand contract (``static_values``), with two
 more tags: ``{"node": name}`` (the value an earlier node computed) and
@@ -27,6 +30,13 @@ Targets are ``ns::op.overload`` for ATen/library ops, or ``py:<name>`` for the
 few Python functions export emits on run-time scalars (``operator.add``,
 ``torch.sym_max``...): only those in ``aot.op_table.PY_NAMES`` can be named, each
 behind its guard. Every name is checked there at load, before anything runs.
+
+Control flow: ``hop:cond`` (operands: the predicate, ``{"graph": true}``, ``{"graph":
+false}``, the branch operands) runs one of two sub-programs; ``hop:while_loop``
+(``{"graph": cond}``, ``{"graph": body}``, the carried values, the additional ones) runs
+its body while its condition holds, as ``torch.cond`` / ``torch.while_loop`` do in eager.
+A sub-program is a program of ``graphs`` (its inputs are its operands, in order), checked
+and loaded with the rest.
 """
 
 from __future__ import annotations
@@ -57,10 +67,32 @@ class _Ref:
         self.slot = slot
 
 
+def _cond(pred, true_fn: "HostProgram", false_fn: "HostProgram", operands) -> list:
+    return (true_fn if bool(pred) else false_fn).run(list(operands))
+
+
+def _while_loop(cond_fn: "HostProgram", body_fn: "HostProgram", carried, additional) -> tuple:
+    values, extra = list(carried), list(additional)
+    while bool(cond_fn.run(values + extra)[0]):
+        values = body_fn.run(values + extra)
+    return tuple(values)
+
+
+_HOPS = {"hop:cond": (_cond, 4), "hop:while_loop": (_while_loop, 4)}
+
+
 def _target(name: str, args) -> Any:
     """The callable a node names: a guarded ``py:`` function, or an OpOverload
     (``aot.op_table``). ``args``: its operands, decoded; a ``py:`` node whose operands are
     all recorded values is checked against its guard here, at load."""
+    if name in _HOPS:
+        fn, n_args = _HOPS[name]
+        graphs = [a for a in args if a.__class__ is HostProgram]
+        if len(args) != n_args or len(graphs) != 2 or args.index(graphs[0]) != (
+                1 if name == "hop:cond" else 0):
+            raise ArtifactError(f"host program: {name} takes {n_args} operands, two of them "
+                                "graphs", op=name, stage="load")
+        return fn
     if name.startswith("py:"):
         why = py_problem(name[3:])
         if why is None and not any(_has_ref(a) for a in args):
@@ -90,8 +122,11 @@ class HostProgram:
         ArtifactError: an unknown op or constant, or a malformed entry.
     """
 
-    def __init__(self, data: dict, constants: dict[str, torch.Tensor], device: torch.device):
+    def __init__(self, data: dict, constants: dict[str, torch.Tensor], device: torch.device,
+                 graphs: dict | None = None, _loading: frozenset = frozenset()):
         self.reason = data.get("reason", "")
+        graphs = data.get("graphs") or {} if graphs is None else graphs
+        programs: dict[str, HostProgram] = {}
         self.device = device
         slots: dict[str, int] = {}
         self.n_slots = 0
@@ -115,6 +150,15 @@ class HostProgram:
                 return _Ref(slots[a["node"]])
             if isinstance(a, dict) and "constant" in a:
                 return const(a["constant"])
+            if isinstance(a, dict) and len(a) == 1 and "graph" in a:
+                name = a["graph"]
+                if name not in graphs or name in _loading:
+                    raise ArtifactError(f"host program: graph {name!r} is missing or contains "
+                                        "itself", stage="load")
+                if name not in programs:
+                    programs[name] = HostProgram(graphs[name], constants, device, graphs,
+                                                 _loading | {name})
+                return programs[name]
             if isinstance(a, dict) and len(a) == 1 and next(iter(a)) in ("list", "tuple"):
                 (tag, v), = a.items()
                 items = [operand(x) for x in v]

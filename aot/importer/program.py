@@ -144,6 +144,7 @@ def import_model(model: torch.nn.Module, args: tuple, kwargs: dict | None = None
     if options.pt2e_integer_ops:
         ep = rewrite_pt2e(ep)
     _check_functional(ep)
+    _check_promotion(ep)
     flat, _ = pytree.tree_flatten((args, kwargs))
     flat_inputs = tuple(TorchTensor.from_tensor(x) if isinstance(x, torch.Tensor)
                         else ("static", _static_input(x, n)) for x, n in zip(flat, names))
@@ -295,6 +296,50 @@ def _export_modes(model, args, kwargs, options, name) -> torch.export.ExportedPr
                         "already functional", name, _first_line(e))
             return ep
         raise ExportFailed(f"could not functionalize the exported program: {e}") from e
+
+
+def _check_promotion(ep) -> None:
+    """Refuse a program whose exported dtypes are not eager's: a pointwise op with
+    operands of different dtypes whose recorded result dtype differs from what its
+    ATen kernel returns (``threshold_backward(int64 grad, float32 input)`` is float32 in
+    eager, int64 in torch's own decomposition and meta function). Everything after
+    such an op would be computed in the wrong dtype, by any backend, ATen included;
+    the op is run once on one-element tensors of its operands' dtypes to know.
+
+    Raises:
+        UnsupportedOp: naming the op, where it is, and both dtypes.
+    """
+    for n in ep.graph.nodes:
+        if n.op != "call_function" or not isinstance(n.target, torch._ops.OpOverload) \
+                or torch.Tag.pointwise not in n.target.tags \
+                or torch.Tag.nondeterministic_seeded in n.target.tags:  # would draw
+            continue
+        vals = [a.meta.get("val") for a in n.all_input_nodes]
+        dtypes = {v.dtype for v in vals if isinstance(v, torch.Tensor)}
+        out = n.meta.get("val")
+        if len(dtypes) < 2 or not isinstance(out, torch.Tensor):
+            continue
+
+        def tiny(a):
+            v = a.meta.get("val") if isinstance(a, torch.fx.Node) else a
+            if isinstance(v, torch.Tensor):
+                return torch.zeros([1] * v.dim(), dtype=v.dtype)
+            return v
+        try:
+            real = n.target(*pytree.tree_map(tiny, n.args), **pytree.tree_map(tiny, n.kwargs))
+        except Exception:  # the kernel refuses such operands: nothing to compare
+            continue
+        if isinstance(real, torch.Tensor) and real.dtype != out.dtype:
+            where = n.meta.get("stack_trace", "").strip().splitlines()[-2:-1]
+            raise UnsupportedOp(
+                "with operands of dtypes "
+                f"{', '.join(sorted(str(d).removeprefix('torch.') for d in dtypes))} returns "
+                f"{str(real.dtype).removeprefix('torch.')} in eager, but torch.export recorded "
+                f"{str(out.dtype).removeprefix('torch.')} (torch's decomposition and meta "
+                "function disagree with its kernel), so every op after it would compute in "
+                "the wrong dtype: give the operands one dtype (e.g. "
+                f".to({str(real.dtype).removeprefix('torch.')})) before the call"
+                + (f" ({where[0].strip()})" if where else ""), op=str(n.target), stage="import")
 
 
 def _suggested_fixes(text: str) -> str:

@@ -50,6 +50,12 @@ def _values(v):
 STORAGE_OPS = {"aten::as_strided", "aten::as_strided_copy", "aten::as_strided_scatter"}
 
 
+# higher-order control flow the host program runs (``aot.fallback.host_program``): its
+# graph operands are recorded as sub-programs
+HOPS = {torch.ops.higher_order.cond: "hop:cond",
+        torch.ops.higher_order.while_loop: "hop:while_loop"}
+
+
 def host_reason(imported: ImportedProgram) -> str | None:
     """Why compiled code cannot hold this program, or None when it can."""
     if any(o[0] == "scalar" for o in imported.outputs if isinstance(o, tuple)):
@@ -58,6 +64,10 @@ def host_reason(imported: ImportedProgram) -> str | None:
         return (f"the model updates its buffer {imported.mutations[0].get('buffer', '')!r} in "
                 "place: the host keeps it")
     for n in imported.exported.graph.nodes:
+        if n.op == "call_function" and n.target in HOPS:
+            return (f"{n.name} ({HOPS[n.target]}, {node_location(n) or 'unknown location'}) is "
+                    "control flow (a higher-order op) the importer does not take: the host "
+                    "runs its branches or its loop, op by op in ATen")
         if isinstance(n.target, torch._ops.OpOverload) and n.target._schema.name in STORAGE_OPS:
             return (f"{n.name} ({_op(n)}, {node_location(n) or 'unknown location'}) reads its "
                     "operand's storage and strides, which only eager's tensors have")
@@ -87,6 +97,8 @@ def _op(n) -> str:
 
 def _target_name(n: torch.fx.Node) -> str:
     t = n.target
+    if t in HOPS:
+        return HOPS[t]
     if isinstance(t, torch._ops.OpOverload):
         return f"{t._schema.name}.{t._overloadname}"
     name = py_function_name(t)
@@ -133,7 +145,42 @@ def record(imported: ImportedProgram, reason: str) -> tuple[dict, dict[str, torc
             raise UnsupportedOp(f"operand cannot be recorded: {e}", op=_op(n),
                                 location=node_location(n)) from None
 
-    inputs, nodes, outputs = [], [], []
+    graphs: dict[str, dict] = {}
+
+    def subgraph(owner: torch.nn.Module, a: torch.fx.Node) -> dict:
+        """``{"graph": name}`` of a branch or loop body, recorded into ``graphs``."""
+        key = f"g{len(graphs)}"
+        graphs[key] = {}  # reserved: nested graphs number after it
+        gm = getattr(owner, a.target)
+        ins = [{"node": p.name, "user": i}
+               for i, p in enumerate(q for q in gm.graph.nodes if q.op == "placeholder")]
+        graphs[key] = {"inputs": ins, **body(gm, gm.graph)}
+        return {"graph": key}
+
+    def body(owner: torch.nn.Module, graph: torch.fx.Graph) -> dict:
+        nodes, outputs = [], []
+
+        def arg(a, n):
+            if isinstance(a, torch.fx.Node) and a.op == "get_attr":
+                v = getattr(owner, a.target)
+                if isinstance(v, torch.fx.GraphModule):
+                    return subgraph(owner, a)
+                if isinstance(v, torch.Tensor):
+                    return {"constant": constant(v)}
+            if isinstance(a, (list, tuple)) and any(isinstance(x, torch.fx.Node) for x in a):
+                return {"tuple" if isinstance(a, tuple) else "list": [arg(x, n) for x in a]}
+            return operand(a, n)
+        for n in graph.nodes:
+            if n.op == "call_function":
+                nodes.append({"name": n.name, "target": _target_name(n),
+                              "args": [arg(a, n) for a in n.args],
+                              "kwargs": {k: arg(v, n) for k, v in n.kwargs.items()},
+                              "location": node_location(n)})
+            elif n.op == "output":
+                outputs = [arg(a, n) for a in _values(n.args[0])]
+        return {"nodes": nodes, "outputs": outputs}
+
+    inputs = []
     for n in ep.graph.nodes:
         if n.op == "placeholder":
             if n.name in lifted:
@@ -146,17 +193,14 @@ def record(imported: ImportedProgram, reason: str) -> tuple[dict, dict[str, torc
                 inputs.append(entry)
             elif n.name in user:
                 inputs.append({"node": n.name, "user": user.index(n.name)})
-        elif n.op == "call_function":
-            nodes.append({"name": n.name, "target": _target_name(n),
-                          "args": [operand(a, n) for a in n.args],
-                          "kwargs": {k: operand(v, n) for k, v in n.kwargs.items()},
-                          "location": node_location(n)})
-        elif n.op == "output":
-            outputs = [operand(a, n) for a in _values(n.args[0])]
+    top = body(ep.graph_module, ep.graph)
+    nodes, outputs = top["nodes"], top["outputs"]
     if len(user) != len(imported.flat_inputs):
         raise UnsupportedOp(f"the program has {len(user)} user inputs for "
                             f"{len(imported.flat_inputs)} input leaves")
     entry = {"reason": reason, "inputs": inputs, "nodes": nodes, "outputs": outputs,
              "mutations": list(imported.mutations)}
+    if graphs:
+        entry["graphs"] = graphs
     return entry, constants
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 import torch
 
 __all__ = ["WRITES_IN_PLACE", "F64_INEXACT", "ORDER_OPS", "WRONG_LOWERINGS", "FLOAT_WRONG",
-           "iree_fault"]
+           "RANDOM_REASON", "iree_fault"]
 
 # Ops IREE lowers to an update in place of their first operand (destination-passing
 # scatters and sorts). IREE 3.13 does that in place even when the operand is a model
@@ -71,6 +71,15 @@ FLOAT_WRONG = {"aten::fmod": "IREE's fmod of floats loses the result when the qu
                               "is large (1e30 fmod 7 off by 2.8e22); ATen's is exact"}
 
 
+# Random ops (``torch.Tag.nondeterministic_seeded``: dropout in training, bernoulli,
+# multinomial, rand/randn and their _like forms...): IREE draws from its own generator,
+# so a compiled one gives other values than eager under the same ``torch.manual_seed``
+# (multinomial's lowering also ran for over 90 s). In ATen they draw from torch's
+# generator, in program order: an artifact draws exactly what eager draws.
+RANDOM_REASON = ("a random op: ATen draws from torch's generator, so under the same "
+                 "torch.manual_seed it draws what eager draws (IREE's generator would not)")
+
+
 def _val(a):
     return a.meta.get("val") if isinstance(a, torch.fx.Node) else a
 
@@ -102,6 +111,21 @@ def _indices_used(n: torch.fx.Node) -> bool:
                for u in n.users if u.op == "call_function" and hasattr(u.target, "__name__"))
 
 
+def _draws(n: torch.fx.Node) -> bool:
+    """``n`` draws random numbers: a ``nondeterministic_seeded`` op, unless its
+    arguments turn the randomness off (attention with ``dropout_p`` 0, a dropout or
+    rrelu with ``train``/``training`` False), as in every inference graph."""
+    if torch.Tag.nondeterministic_seeded not in n.target.tags:
+        return False
+    for i, arg in enumerate(n.target._schema.arguments):
+        if arg.name not in ("dropout_p", "train", "training"):
+            continue
+        v = n.kwargs.get(arg.name, n.args[i] if i < len(n.args) else arg.default_value)
+        if v is False or (arg.name == "dropout_p" and v == 0):
+            return False
+    return True
+
+
 def _bool_to_complex(n: torch.fx.Node) -> bool:
     """A conversion of a bool tensor to a complex one (IREE gives True as -1 + 0j)."""
     out = _tensor_dtype(n)
@@ -121,6 +145,8 @@ def iree_fault(n: torch.fx.Node, user_inputs: set, via: str = "torch") -> str | 
             return STABLEHLO_WRONG[name]
     if updates_input(n, user_inputs):
         return _IN_PLACE_REASON
+    if _draws(n):
+        return RANDOM_REASON
     if name in F64_INEXACT and any(_tensor_dtype(a) == torch.float64
                                    for a in n.all_input_nodes):
         return "IREE computes it in float64 with a lower internal precision: ATen keeps eager's"

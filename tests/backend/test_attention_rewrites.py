@@ -55,3 +55,42 @@ def test_the_partitioned_module_holds_matmuls_not_the_attention_op():
     p = partition(import_model(Attn().eval(), _qkv(2, 3)), get_target("cpu"),
                   PlacementPolicy(placement="coverage"))
     assert "torch.aten.bmm" in p.mlir and "scaled_dot_product_attention" not in p.mlir
+
+
+class MaskedAttn(torch.nn.Module):
+    def forward(self, q, k, v, mask):
+        return torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+
+
+def _masks(kind):
+    """A mask with whole rows masked out (row 2 everywhere; row 5 of the first batch
+    only), as a boolean mask (False: masked) or an additive one (-inf)."""
+    keep = torch.rand(2, 3, 9, 7, generator=torch.Generator().manual_seed(1)) > 0.4
+    keep[..., 2, :] = False
+    keep[0, :, 5, :] = False
+    if kind == "bool":
+        return keep
+    if kind == "bool-broadcast":
+        return keep[0, 0]  # [Lq, Lk], the same for every batch and head
+    return torch.zeros(keep.shape).masked_fill(~keep, float("-inf"))
+
+
+@pytest.mark.parametrize("kind", ["bool", "bool-broadcast", "float-inf"])
+def test_fully_masked_rows_are_zeros_as_eager_gives_them(kind):
+    """A row whose mask leaves nothing gives zeros in eager (its softmax is taken as
+    all zeros); the compiled form gives the same, not NaN (issue 35). NaN in the
+    inputs still propagates as in eager."""
+    q, k, v = _qkv(2, 3)
+    mask = _masks(kind)
+    m = MaskedAttn().eval()
+    cm = aot.compile(m, (q, k, v, mask), placement="coverage")
+    assert [pl["where"] for pl in cm.manifest.placements
+            if "scaled_dot_product_attention" in pl["op"]] == ["compiled"]
+    want = m(q, k, v, mask)
+    got = cm(q, k, v, mask)
+    assert not got.isnan().any() and torch.equal(got[..., 2, :], torch.zeros_like(got[..., 2, :]))
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    q2 = q.clone()
+    q2[0, 0, 0, 0] = float("nan")
+    torch.testing.assert_close(cm(q2, k, v, mask), m(q2, k, v, mask), rtol=1e-5, atol=1e-5,
+                               equal_nan=True)
