@@ -23,6 +23,8 @@ from ..errors import ArtifactError, InputMismatch, KernelCallFailed
 from ..op_table import check_kwargs
 from ..symbolic import Binding
 from ..runtime.device import ALIGN, DLPACK_DEVICE, aligned_copy, as_storage, sync_torch
+
+_UNSIGNED = (torch.uint8, torch.uint16, torch.uint32, torch.uint64)
 from ..torch_tensor import dtype_from_name
 from .bound import BoundCall
 from .codegen import GroupFunction, Member
@@ -245,6 +247,9 @@ class _KernelCall:
                        and self.kinds == "t" and spec.results[0].qparams is None
                        and all(t.torch_dtype == d for t, d in zip(spec.inputs,
                                                                  self.crossing_dtypes))
+                       # an unsigned operand crosses as IREE's signless integer (uint8
+                       # as int8): the general path reinterprets it (``as_storage``)
+                       and not any(d in _UNSIGNED for d in self.crossing_dtypes)
                        and driver.startswith("local"))
         # per tensor result: (spec, shape, dtype ATen returns, storage dtype); a symbolic
         # shape is None here, evaluated per call (``_dense_result``)

@@ -69,6 +69,12 @@ WRONG_LOWERINGS = {
 # exact, as IEEE fmod is.
 FLOAT_WRONG = {"aten::fmod": "IREE's fmod of floats loses the result when the quotient "
                               "is large (1e30 fmod 7 off by 2.8e22); ATen's is exact"}
+# the index of a maximum or minimum: eager's is the first NaN's where a slice holds one,
+# IREE's skips NaN (argmax of [nan, 1, inf] is 0 in eager, 2 compiled)
+_NAN_INDEX = ("IREE's index of the maximum/minimum skips NaN, where eager's is the NaN's "
+              "index")
+FLOAT_WRONG.update({"aten::argmax": _NAN_INDEX, "aten::argmin": _NAN_INDEX})
+_NAN_INDEX_OVERLOADS = {("aten::max", "dim"), ("aten::min", "dim")}  # (values, indices)
 
 
 # Random ops (``torch.Tag.nondeterministic_seeded``: dropout in training, bernoulli,
@@ -78,6 +84,30 @@ FLOAT_WRONG = {"aten::fmod": "IREE's fmod of floats loses the result when the qu
 # generator, in program order: an artifact draws exactly what eager draws.
 RANDOM_REASON = ("a random op: ATen draws from torch's generator, so under the same "
                  "torch.manual_seed it draws what eager draws (IREE's generator would not)")
+
+
+# uint8 (IREE's signless i8) widened inside an op: products, comparisons and sums that
+# mix uint8 with another dtype, or reduce it to a wider one, treat 128..255 as negative
+# (uint8 128 * int32 3 gave -384, uint8 200 < int32 -5 was True, the int64 sum of
+# [0, 1, 127, 128, 200, 255] was -57); uint8 to uint8 (add, clamp, amax) and conversions
+# (zero-extended) are right. Such ops run in ATen (the issue 35 corpus found them).
+UINT8_REASON = ("IREE 3.13 widens uint8 as signed inside mixed-dtype ops and reductions "
+                "(128..255 become negative)")
+# conversions (zero-extended) compute nothing on the values; a select (``where``) is
+# judged by its values, not its bool condition
+_CONVERSIONS = {"aten::_to_copy", "prims::convert_element_type"}
+
+
+def _widens_uint8(n: torch.fx.Node) -> bool:
+    """An ATen op computing on uint8 values alongside, or into, another dtype (our
+    quantized ops' decompositions are judged op by op once decomposed)."""
+    if n.target.namespace not in ("aten", "prims") or n.target._schema.name in _CONVERSIONS:
+        return False
+    operands = n.args[1:] if n.target._schema.name == "aten::where" else n.all_input_nodes
+    vals = [_val(a) for a in operands] + [n.meta.get("val")]
+    dtypes = {v.dtype for x in vals for v in (x if isinstance(x, (list, tuple)) else [x])
+              if isinstance(v, torch.Tensor)}
+    return torch.uint8 in dtypes and len(dtypes) > 1
 
 
 def _val(a):
@@ -147,6 +177,8 @@ def iree_fault(n: torch.fx.Node, user_inputs: set, via: str = "torch") -> str | 
         return _IN_PLACE_REASON
     if _draws(n):
         return RANDOM_REASON
+    if _widens_uint8(n):
+        return UINT8_REASON
     if name in F64_INEXACT and any(_tensor_dtype(a) == torch.float64
                                    for a in n.all_input_nodes):
         return "IREE computes it in float64 with a lower internal precision: ATen keeps eager's"
@@ -159,9 +191,11 @@ def iree_fault(n: torch.fx.Node, user_inputs: set, via: str = "torch") -> str | 
             return "IREE's sort is not stable: on ties its indices are not eager's"
     if name in WRONG_LOWERINGS:
         return WRONG_LOWERINGS[name]
-    if name in FLOAT_WRONG and any((_tensor_dtype(a) or torch.int8).is_floating_point
-                                   for a in n.all_input_nodes):
+    floats = any((_tensor_dtype(a) or torch.int8).is_floating_point for a in n.all_input_nodes)
+    if name in FLOAT_WRONG and floats:
         return FLOAT_WRONG[name]
+    if (name, n.target._overloadname) in _NAN_INDEX_OVERLOADS and floats:
+        return _NAN_INDEX
     if _bool_to_complex(n):
         return "IREE converts True to -1 + 0j"
     return None

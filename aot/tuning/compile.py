@@ -88,6 +88,16 @@ def compile_model(imported: ImportedProgram, target: Target,
             ``fallback="none"``, a program compiled code cannot hold.
         CompileFailed: ``fallback="none"`` and IREE fails.
     """
+    # measuring runs the program's random ops in ATen, on torch's generators: the
+    # caller's RNG state is as it was before the compile
+    cuda = [torch.cuda.current_device()] if not target.driver.startswith("local") \
+        and torch.cuda.is_available() else []
+    with torch.random.fork_rng(devices=cuda):
+        return _compile_model(imported, target, policy, example)
+
+
+def _compile_model(imported: ImportedProgram, target: Target, policy: PlacementPolicy,
+                   example) -> CompiledArtifact:
     t0 = time.perf_counter()
     target = program_target(imported, target)
     if not target.runs_here and (policy.placement != "coverage" or example is not None):

@@ -46,3 +46,13 @@ def test_random_ops_draw_what_eager_draws(placement):
     torch.manual_seed(3)
     first, second = cm(x, probs)[0], cm(x, probs)[0]
     assert not torch.equal(first, second)
+
+
+def test_compiling_leaves_the_callers_rng_state_as_it_was():
+    """Measuring the candidates runs the random ops in ATen: on torch's generator, whose
+    state the compile restores."""
+    torch.manual_seed(5)
+    x, probs = torch.randn(4, 64), torch.softmax(torch.randn(3, 10), -1)
+    state = torch.get_rng_state()
+    aot.compile(Random(), (x, probs))
+    assert torch.equal(torch.get_rng_state(), state)
