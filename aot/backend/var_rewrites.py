@@ -1,7 +1,7 @@
-"""Compiled variance and standard deviation in two passes: the mean, then the squared
-deviations from it.
+"""Compiled variance, standard deviation and layer norm in two passes: the mean, then the
+squared deviations from it.
 
-IREE 3.13 computes ``var`` / ``std`` in one pass (the mean of the squares less the
+IREE 3.13 computes ``var`` / ``std`` (and ``layer_norm``'s variance) in one pass (the mean of the squares less the
 square of the mean), which cancels catastrophically where the mean is large against
 the spread: for float32 values a few units wide around 1e4 the result can be wholly
 wrong, where ATen's is exact to float32 rounding. Two passes are the textbook stable
@@ -29,6 +29,31 @@ _OPS = {aten.var.correction: False, aten.std.correction: True,
 _UNBIASED = (aten.var.dim, aten.std.dim)
 
 
+def _deviations(g: torch.fx.Graph, x: torch.fx.Node, xv, dims: list, keep: dict, env: dict):
+    """``(dev, dev value, sq, sq value)``: each value's deviation from its slice's mean
+    over ``dims`` and its square, in float32 for half inputs. Both passes run on the
+    values less each slice's first element: the values summed are then about the
+    spread, not the mean (IREE's float32 sums lose digits on large values)."""
+    cur, val = env[x], shadow(xv)
+    if val.dtype in (torch.float16, torch.bfloat16):
+        val = val.to(torch.float32)
+        cur = _emit(g, aten._to_copy.default, (cur,), val, keep)
+        cur.kwargs = {"dtype": torch.float32}
+    k_cur, k_val = cur, val
+    for d in dims:
+        k_val = k_val.narrow(d, 0, 1)
+        k_cur = _emit(g, aten.slice.Tensor, (k_cur, d, 0, 1), k_val, keep)
+    val = val - k_val
+    cur = _emit(g, aten.sub.Tensor, (cur, k_cur), val, keep)
+    mean_v = val.mean(dims, keepdim=True)
+    mean = _emit(g, aten.mean.dim, (cur, dims, True), mean_v, keep)
+    dev_v = val - mean_v
+    dev = _emit(g, aten.sub.Tensor, (cur, mean), dev_v, keep)
+    sq_v = dev_v * dev_v
+    sq = _emit(g, aten.mul.Tensor, (dev, dev), sq_v, keep)
+    return dev, dev_v, sq, sq_v
+
+
 def variance_two_pass(node: torch.fx.Node, g: torch.fx.Graph, env: dict
                       ) -> torch.fx.Node | None:
     """For a compiled ``var`` / ``std`` (``.correction``) of a floating tensor: emit it
@@ -53,25 +78,7 @@ def variance_two_pass(node: torch.fx.Node, g: torch.fx.Graph, env: dict
     dims = list(range(xv.dim())) if not dim else sorted({d % max(xv.dim(), 1) for d in dim})
     n = math.prod(int(xv.shape[d]) for d in dims) if xv.dim() else 1
     keep = source_meta(node)
-    cur, val = env[x], shadow(xv)
-    if val.dtype in (torch.float16, torch.bfloat16):
-        val = val.to(torch.float32)
-        cur = _emit(g, aten._to_copy.default, (cur,), val, keep)
-        cur.kwargs = {"dtype": torch.float32}
-    # shifted by each slice's first element: the values summed are then about the
-    # spread, not the mean (IREE's float32 sums lose digits on large values)
-    k_cur, k_val = cur, val
-    for d in dims:
-        k_val = k_val.narrow(d, 0, 1)
-        k_cur = _emit(g, aten.slice.Tensor, (k_cur, d, 0, 1), k_val, keep)
-    val = val - k_val
-    cur = _emit(g, aten.sub.Tensor, (cur, k_cur), val, keep)
-    mean_v = val.mean(dims, keepdim=True)
-    mean = _emit(g, aten.mean.dim, (cur, dims, True), mean_v, keep)
-    dev_v = val - mean_v
-    dev = _emit(g, aten.sub.Tensor, (cur, mean), dev_v, keep)
-    sq_v = dev_v * dev_v
-    sq = _emit(g, aten.mul.Tensor, (dev, dev), sq_v, keep)
+    _, _, sq, sq_v = _deviations(g, x, xv, dims, keep, env)
     s_v = sq_v.sum(dims, keepdim=keepdim)
     s = _emit(g, aten.sum.dim_IntList, (sq, dims, keepdim), s_v, keep)
     d = max(n - correction, 0)  # torch divides by zero here too: inf or nan
@@ -105,23 +112,7 @@ def layer_norm_two_pass(node: torch.fx.Node, g: torch.fx.Graph, env: dict
     eps = float(a.get("eps", 1e-5) if a.get("eps") is not None else 1e-5)
     dims = list(range(xv.dim() - len(a["normalized_shape"]), xv.dim()))
     keep = source_meta(node)
-    cur, val = env[x], shadow(xv)
-    if val.dtype in (torch.float16, torch.bfloat16):
-        val = val.to(torch.float32)
-        cur = _emit(g, aten._to_copy.default, (cur,), val, keep)
-        cur.kwargs = {"dtype": torch.float32}
-    k_cur, k_val = cur, val
-    for d in dims:
-        k_val = k_val.narrow(d, 0, 1)
-        k_cur = _emit(g, aten.slice.Tensor, (k_cur, d, 0, 1), k_val, keep)
-    val = val - k_val
-    cur = _emit(g, aten.sub.Tensor, (cur, k_cur), val, keep)
-    mean_v = val.mean(dims, keepdim=True)
-    mean = _emit(g, aten.mean.dim, (cur, dims, True), mean_v, keep)
-    dev_v = val - mean_v
-    dev = _emit(g, aten.sub.Tensor, (cur, mean), dev_v, keep)
-    sq_v = dev_v * dev_v
-    sq = _emit(g, aten.mul.Tensor, (dev, dev), sq_v, keep)
+    dev, dev_v, sq, sq_v = _deviations(g, x, xv, dims, keep, env)
     var_v = sq_v.mean(dims, keepdim=True)
     var = _emit(g, aten.mean.dim, (sq, dims, True), var_v, keep)
     var_v = var_v + eps

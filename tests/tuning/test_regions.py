@@ -172,6 +172,29 @@ def test_a_candidate_that_cannot_win_is_timed_no_more():
     assert _in_race(samples, list(samples)) == list(samples)
 
 
+class _Cand(str):
+    """A candidate name standing in for an artifact: the manifest its kernel calls are read from."""
+    def __new__(cls, name, calls=0):
+        self = super().__new__(cls, name)
+        self.manifest = types.SimpleNamespace(
+            kernel_calls=[{"key": f"k{i}"} for i in range(calls)], executor=None)
+        return self
+
+
+def _fake_modules(monkeypatch, regions, ms, calls):
+    class Module:
+        def __init__(self, name):
+            self.name = str(name)
+
+        def __call__(self, *args, **kwargs):
+            calls[self.name] += 1
+            time.sleep(ms[self.name] / 1e3)
+
+        def close(self):
+            pass
+    monkeypatch.setattr(regions, "CompiledModule", Module)
+
+
 def test_slow_programs_leave_the_race_from_their_first_sample(monkeypatch):
     """Where every candidate is slow, the last warm-up call is each one's first sample,
     and one that is already OUT_OF_RACE times the best is timed in no block: only the
@@ -181,19 +204,7 @@ def test_slow_programs_leave_the_race_from_their_first_sample(monkeypatch):
 
     ms = {"fast": 12.0, "slow": 30.0}
     calls = {k: 0 for k in ms}
-
-    class Module:
-        def __init__(self, name):
-            self.name = name
-
-        def __call__(self, *args, **kwargs):
-            calls[self.name] += 1
-            time.sleep(ms[self.name] / 1e3)
-
-        def close(self):
-            pass
-
-    monkeypatch.setattr(regions, "CompiledModule", Module)
+    _fake_modules(monkeypatch, regions, ms, calls)
     monkeypatch.setattr(regions, "_SLOW_S", 0.01)
     stats = regions._time_candidates({k: k for k in ms}, ((), {}), get_target("cpu"))
     # one warm-up call each (nothing packs on it), which is the first sample; the slow
@@ -222,29 +233,6 @@ def test_a_slow_candidate_that_packs_on_its_first_call_is_warmed_twice(monkeypat
     # the last warm-up call is the first sample: iree warmed once, aten-prepacked twice
     assert stats["iree"][2] == calls["iree"] - regions._WARMUP_SLOW + 1
     assert stats["aten-prepacked"][2] == calls["aten-prepacked"] - regions._WARMUP_CPU + 1
-
-
-class _Cand(str):
-    """A candidate name standing in for an artifact: the manifest its kernel calls are read from."""
-    def __new__(cls, name, calls=0):
-        self = super().__new__(cls, name)
-        self.manifest = types.SimpleNamespace(
-            kernel_calls=[{"key": f"k{i}"} for i in range(calls)], executor=None)
-        return self
-
-
-def _fake_modules(monkeypatch, regions, ms, calls):
-    class Module:
-        def __init__(self, name):
-            self.name = str(name)
-
-        def __call__(self, *args, **kwargs):
-            calls[self.name] += 1
-            time.sleep(ms[self.name] / 1e3)
-
-        def close(self):
-            pass
-    monkeypatch.setattr(regions, "CompiledModule", Module)
 
 
 def test_executor_variants_of_a_slow_per_op_artifact_far_out_of_the_race_are_not_run(monkeypatch):
