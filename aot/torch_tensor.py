@@ -191,7 +191,7 @@ class TorchTensor:
     A dimension only known at run time (an op whose output shape depends on
     the data, like ``nonzero``) is ``None`` in ``shape``, and the strides are
     then all ``None``: such a tensor never crosses into compiled code (the host
-    runs its region, ``aot.partition.host_program``), and checks accept any size there.
+    runs its region, ``aot.partition.aten_region``), and checks accept any size there.
 
     A dimension or stride that follows a *symbol* of a dynamic artifact
     (``dynamic_shapes``) is an expression over symbols, as text (``"s0"``,

@@ -19,7 +19,7 @@ from ..importer.locations import node_location
 from ..importer.program import ImportedProgram
 from ..torch_tensor import TorchTensor
 from ..treespec import dump_treespec
-from ..partition import host_program
+from ..partition import aten_region
 from .iree_compile import compile_error, try_compile
 from ..partition.partitioner import PartitionedProgram
 from ..partition.placement import KERNEL_CALL, Placement, PlacementPolicy, op_name
@@ -57,7 +57,7 @@ def compile_input(p: PartitionedProgram) -> str | bytes:
 def host_artifact(imported: ImportedProgram, target: Target, policy: PlacementPolicy,
                    reason: str, t0: float) -> CompiledArtifact:
     """The whole program as one ATen region run by the host (no IREE module)."""
-    entry, constants = host_program.record(imported, reason)
+    entry, constants = aten_region.record(imported, reason)
     placements = [Placement(n.name, op_name(n.target), KERNEL_CALL,
                             f"runs in the host program: {reason}", node_location(n), None,
                             "host_program")

@@ -7,7 +7,7 @@ result only known at run time (``x.sum().item() > 0``), a buffer the model
 updates in place, control flow (``torch.cond``, ``torch.while_loop``), or a program
 IREE fails on whichever way it is split. Such a
 program is *one ATen region*: the compiler records its functional graph
-(``aot.partition.host_program``) and this module runs it, the same ``torch.ops``
+(``aot.partition.aten_region``) and this module runs it, the same ``torch.ops``
 overloads eager runs, on the same values, so results are eager's bit for bit.
 
 The manifest's ``host_program`` entry (JSON, no pickle)::

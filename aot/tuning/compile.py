@@ -21,7 +21,7 @@ from ..artifact import CompiledArtifact
 from ..errors import AotError, CompileFailed, UnsupportedOp
 from ..importer.program import ImportedProgram
 from ..progress import step
-from ..partition import host_program
+from ..partition import aten_region
 from ..backend.build import build_artifact, compile_input, host_artifact, iree_version
 from ..partition.cost import MEASURED_FASTER, CostCache, compiled_floor, handoff_ms
 from ..partition.coverage import Assumed, assumes_coverage
@@ -79,12 +79,12 @@ def compile_model(imported: ImportedProgram, target: Target,
     With ``example`` (``(args, kwargs)``) and the default options, the result is
     measured end to end against whole-ATen-region candidates (``regions``).
 
-    A program compiled code cannot hold (``host_program.host_reason``), or one
+    A program compiled code cannot hold (``aten_region.host_reason``), or one
     IREE fails on however it is split, runs as one ATen region: the host program
     (``aot.fallback.host_program``), under ``fallback="auto"`` and ``"all"``.
 
     Raises:
-        UnsupportedOp: from ``partition`` or ``host_program.record``; under
+        UnsupportedOp: from ``partition`` or ``aten_region.record``; under
             ``fallback="none"``, a program compiled code cannot hold.
         CompileFailed: ``fallback="none"`` and IREE fails.
     """
@@ -108,7 +108,7 @@ def _compile_model(imported: ImportedProgram, target: Target, policy: PlacementP
     if target.via == "stablehlo" and policy.fallback == "all":
         # the dummy mode: every op its own custom call, through StableHLO and IREE
         policy = dataclasses.replace(policy, group=False)
-    reason = host_program.host_reason(imported)
+    reason = aten_region.host_reason(imported)
     if reason is not None:
         if policy.fallback == "none":
             raise UnsupportedOp(f"fallback='none', but compiled code cannot hold this program: "
