@@ -12,9 +12,8 @@ Compiled results are compared with eager run with ``torch.set_flush_denormal(Tru
 (one thread: the flag is per thread), and an all-ATen artifact (``fallback="all"``) is
 eager's bit for bit without it (docs/coverage.md).
 """
-import contextlib
 
-import math
+import contextlib
 
 import pytest
 import torch
