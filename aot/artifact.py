@@ -35,6 +35,7 @@ from __future__ import annotations
 import hashlib
 import json
 import struct
+import warnings
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -101,18 +102,28 @@ class CompiledArtifact:
         return MAGIC + _VERSION.pack(FORMAT_VERSION) + hashlib.sha256(body).digest() + body
 
     def host_constants(self, device: "torch.device") -> dict[str, "torch.Tensor"]:
-        """The host-held constants as tensors on ``device`` (views of one buffer on CPU)."""
+        """The host-held constants as tensors on ``device``; on CPU, views of this
+        artifact's own constants bytes, not a copy (hundreds of MB for a transformer,
+        faulted in anew by every module built from it).
+
+        The views are read-only by contract, as torch cannot mark a tensor so: a
+        captured program is functional, a host program clones every buffer it updates
+        into its own state, and a kernel call's outputs are its own memory, so nothing
+        writes into a constant (``tests/runtime/test_constants_shared.py`` checks the
+        bytes after runs)."""
         table = self.manifest.host_constants
         if not table:
             return {}
         import torch
-        buf = bytearray(self.constants)
         out = {}
-        for name, d in table.items():
-            dtype = getattr(torch, d["dtype"])
-            raw = torch.frombuffer(buf, dtype=torch.uint8, count=d["nbytes"], offset=d["offset"]) \
-                if d["nbytes"] else torch.empty(0, dtype=torch.uint8)
-            out[name] = raw.view(dtype).reshape(d["shape"]).to(device)
+        with warnings.catch_warnings():  # "the given buffer is not writable": see above
+            warnings.simplefilter("ignore", UserWarning)
+            for name, d in table.items():
+                dtype = getattr(torch, d["dtype"])
+                raw = torch.frombuffer(self.constants, dtype=torch.uint8, count=d["nbytes"],
+                                       offset=d["offset"]) \
+                    if d["nbytes"] else torch.empty(0, dtype=torch.uint8)
+                out[name] = raw.view(dtype).reshape(d["shape"]).to(device)
         return out
 
     def save(self, path: str) -> None:
