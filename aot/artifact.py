@@ -59,11 +59,13 @@ _ALIGN = 64
 class CompiledArtifact:
     """Made by ``compile_program`` (or :func:`load_artifact`); read by ``aot.runtime``.
 
-    ``manifest``: a ``Manifest``, or its JSON document (checked and made one here)."""
+    ``manifest``: a ``Manifest``, or its JSON document (checked and made one here).
+    ``constants``: the host-held constants' bytes, read-only (``pack_constants`` and
+    ``load_artifact`` give a read-only view, never a copy)."""
 
     vmfb: bytes
     manifest: Manifest
-    constants: bytes = b""
+    constants: bytes | memoryview = b""
     # set by load_artifact, which has validated these very objects against the file
     _validated: bool = field(default=False, repr=False, compare=False)
 
@@ -132,19 +134,25 @@ class CompiledArtifact:
             f.write(self.to_bytes())
 
 
-def pack_constants(tensors: dict[str, "torch.Tensor"]) -> tuple[dict, bytes]:
-    """``(table, blob)`` for the manifest's ``host_constants`` and the file's constants."""
+def pack_constants(tensors: dict[str, "torch.Tensor"]) -> tuple[dict, memoryview]:
+    """``(table, blob)`` for the manifest's ``host_constants`` and the file's constants:
+    every tensor copied once, straight into one buffer, which is returned read-only."""
     import torch
-    table, parts, offset = {}, [], 0
+    table, placed, offset = {}, [], 0
     for name, t in tensors.items():
-        t = t.detach().to("cpu").contiguous()
-        data = t.reshape(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b""
+        t = t.detach().to("cpu")
+        nbytes = t.numel() * t.element_size()
         table[name] = {"dtype": str(t.dtype).removeprefix("torch."), "shape": list(t.shape),
-                       "offset": offset, "nbytes": len(data)}
-        pad = -len(data) % _ALIGN
-        parts += [data, b"\0" * pad]
-        offset += len(data) + pad
-    return table, b"".join(parts)
+                       "offset": offset, "nbytes": nbytes}
+        placed.append((t, offset, nbytes))
+        offset += nbytes + (-nbytes % _ALIGN)
+    buf = bytearray(offset)  # zeros: the padding between constants
+    if offset:
+        flat = torch.frombuffer(buf, dtype=torch.uint8)
+        for t, at, nbytes in placed:
+            if nbytes:
+                flat[at:at + nbytes].copy_(t.contiguous().reshape(-1).view(torch.uint8))
+    return table, memoryview(buf).toreadonly()
 
 
 def pinned_sha256(sha256: Any) -> str | None:
@@ -209,7 +217,7 @@ def load_artifact(path: str, *, sha256: str | None = None,
             raise ArtifactError(f"{path!r} is corrupt or truncated: its contents do not match "
                                 "the file's SHA-256 checksum")
     manifest, pos = _read_section(data, pos, path, "manifest")
-    manifest = read_json(manifest, f"{path!r}: manifest")
+    manifest = read_json(bytes(manifest), f"{path!r}: manifest")
     constants, rest = b"", pos
     if version >= 2:
         constants, rest = _read_section(data, pos, path, "constants")
@@ -219,8 +227,8 @@ def load_artifact(path: str, *, sha256: str | None = None,
     return CompiledArtifact(vmfb, manifest, constants, _validated=True)
 
 
-def _read_section(data: bytes, pos: int, path: str, what: str) -> tuple[bytes, int]:
-    """``(u64-length-prefixed bytes at pos, the position after them)``."""
+def _read_section(data: bytes, pos: int, path: str, what: str) -> tuple[memoryview, int]:
+    """``(u64-length-prefixed bytes at pos, the position after them)``, read-only."""
     if len(data) < pos + _LEN.size:
         raise ArtifactError(f"{path!r} is truncated (no {what} header)")
     (n,) = _LEN.unpack_from(data, pos)
@@ -228,7 +236,7 @@ def _read_section(data: bytes, pos: int, path: str, what: str) -> tuple[bytes, i
     if len(data) < pos + n:
         raise ArtifactError(f"{path!r} is truncated ({what} needs {n} bytes, "
                             f"{len(data) - pos} present)")
-    return data[pos:pos + n], pos + n
+    return memoryview(data)[pos:pos + n], pos + n  # a view: constants are hundreds of MB
 
 
 _DIGESTS = ("vmfb_sha256", "constants_sha256")

@@ -46,6 +46,20 @@ REQUIRED = ("format_version", "target", "driver", "flags", "torch_version", "ire
 _WHEN_SET = ("host_program", "region", "variant", "specialized", "folded_ops")
 
 
+def _checked(doc: Any, constants_len: int, path: str) -> None:
+    """ArtifactError naming the first field of ``doc`` that is missing or malformed."""
+    if not isinstance(doc, dict):
+        raise ArtifactError(f"{path!r}: manifest is not a JSON object")
+    check_document(doc, f"{path!r}: manifest")
+    missing = [k for k in REQUIRED if k not in doc]
+    if missing:
+        raise ArtifactError(f"{path!r}: manifest lacks {', '.join(missing)}")
+    if doc["format_version"] not in READS:
+        raise ArtifactError(f"{path!r}: manifest format {doc['format_version']} is not "
+                            f"one of {READS}")
+    check_manifest(doc, constants_len, path)
+
+
 @dataclasses.dataclass(frozen=True, eq=False)
 class Manifest(Mapping):
     """The manifest's fields; ``from_json`` / ``to_json`` are the file's JSON."""
@@ -91,17 +105,13 @@ class Manifest(Mapping):
         """
         if isinstance(doc, Manifest):
             doc = doc.to_json()
-        if not isinstance(doc, dict):
-            raise ArtifactError(f"{path!r}: manifest is not a JSON object")
-        check_document(doc, f"{path!r}: manifest")
-        missing = [k for k in REQUIRED if k not in doc]
-        if missing:
-            raise ArtifactError(f"{path!r}: manifest lacks {', '.join(missing)}")
-        if doc["format_version"] not in READS:
-            raise ArtifactError(f"{path!r}: manifest format {doc['format_version']} is not "
-                                f"one of {READS}")
-        check_manifest(doc, constants_len, path)
-        doc = copy.deepcopy(doc)  # nothing the caller holds reaches into this manifest
+        _checked(doc, constants_len, path)
+        return cls._owning(copy.deepcopy(doc))  # nothing the caller holds reaches into it
+
+    @classmethod
+    def _owning(cls, doc: dict) -> "Manifest":
+        """The manifest of a checked document no one else holds (its values become the
+        manifest's own)."""
         fields = {}
         for f in dataclasses.fields(cls):
             if f.name in doc and doc[f.name] is not None:
@@ -125,7 +135,9 @@ class Manifest(Mapping):
         if unknown:
             raise TypeError(f"not manifest fields: {sorted(unknown)}")
         fields = {k: list(v) if isinstance(v, tuple) else v for k, v in fields.items()}
-        return Manifest.from_json({**self.to_json(), **fields}, constants_len)
+        doc = {**self.to_json(), **copy.deepcopy(fields)}  # a fresh copy, ours alone
+        _checked(doc, constants_len, "<in memory>")
+        return Manifest._owning(doc)
 
     def plan(self) -> dict:
         """The decisions of the compile that wrote it, to pin in another: what

@@ -66,7 +66,9 @@ would be a large share of the compile time. Its blocks are ``_BLOCK_SLOW`` calls
 since the first two rounds (which every candidate runs) dominate a slow program's
 timing. Such a candidate's warm-up is its first call alone where nothing is packed
 on it (``_WARMUP_SLOW``), and once it is the only one left in the race it is timed to
-``_SOLE_SAMPLES`` samples, not for every round: the others' rechecks decide.
+``_SOLE_SAMPLES`` samples, not for every round: the others' rechecks decide. Where
+the other candidates are fast, a slow one whose first call took ``OUT_OF_RACE`` times
+a fast one's warm-up call is out of the race from the start (``_warm_race``).
 
 **Deciding.** Each candidate's median and spread (half its interquartile range)
 are recorded. The fastest median wins, except that a candidate earlier in a fixed
@@ -596,7 +598,8 @@ def _time_candidates(cands: dict[str, CompiledArtifact], example, target: Target
         for k in settled:
             samples[k].append(call_s[k] * 1e3)
         slow = bool(mods) and settled == set(mods)
-        names = _in_race(samples, list(mods)) if slow else list(mods)
+        names = _in_race(samples, list(mods)) if slow else _warm_race(mods, settled, samples,
+                                                                      call_s)
         deadline = time.perf_counter() + BUDGET_S
         for r in range(rounds):
             if r >= 2 and time.perf_counter() > deadline:
@@ -668,6 +671,19 @@ def _in_race(samples: dict[str, list], names: list[str]) -> list[str]:
     candidate cannot win however often it is timed again. Their samples are kept."""
     best = min(statistics.median(samples[k]) for k in names)
     return [k for k in names if min(samples[k]) < OUT_OF_RACE * best]
+
+
+def _warm_race(mods, settled, samples: dict[str, list], call_s: dict) -> list[str]:
+    """The candidates in the race after warm-up, where some are slow (``settled``, their
+    warm-up call their first sample) and some fast: a slow one whose call took
+    ``OUT_OF_RACE`` times a fast one's last warm-up call or more is out at once. A
+    warm-up call is seldom faster than the steady state, so this drops what the rounds
+    would drop, only before they time it; those dropped are rechecked (``_recheck``)
+    like any other."""
+    fast = [call_s[k] * 1e3 for k in mods if k not in settled]
+    if not settled or not fast:
+        return list(mods)
+    return [k for k in mods if k not in settled or min(samples[k]) < OUT_OF_RACE * min(fast)]
 
 
 def _recheck(mods, names, args, kwargs, sync, samples, settled=frozenset()) -> None:
