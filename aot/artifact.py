@@ -134,25 +134,30 @@ class CompiledArtifact:
             f.write(self.to_bytes())
 
 
-def pack_constants(tensors: dict[str, "torch.Tensor"]) -> tuple[dict, memoryview]:
-    """``(table, blob)`` for the manifest's ``host_constants`` and the file's constants:
-    every tensor copied once, straight into one buffer, which is returned read-only."""
+def pack_constants(tensors: dict[str, "torch.Tensor"],
+                   parameters: dict[str, "torch.Tensor"] | None = None
+                   ) -> tuple[dict, dict, memoryview]:
+    """``(table, parameter table, blob)``: the manifest's ``host_constants`` and
+    ``parameters`` entries and the file's constants, which hold both. Every tensor is
+    copied once, straight into one buffer, returned read-only."""
     import torch
-    table, placed, offset = {}, [], 0
-    for name, t in tensors.items():
-        t = t.detach().to("cpu")
-        nbytes = t.numel() * t.element_size()
-        table[name] = {"dtype": str(t.dtype).removeprefix("torch."), "shape": list(t.shape),
-                       "offset": offset, "nbytes": nbytes}
-        placed.append((t, offset, nbytes))
-        offset += nbytes + (-nbytes % _ALIGN)
+    tables: tuple[dict, dict] = ({}, {})
+    placed, offset = [], 0
+    for table, group in zip(tables, (tensors, parameters or {})):
+        for name, t in group.items():
+            t = t.detach().to("cpu")
+            nbytes = t.numel() * t.element_size()
+            table[name] = {"dtype": str(t.dtype).removeprefix("torch."),
+                           "shape": list(t.shape), "offset": offset, "nbytes": nbytes}
+            placed.append((t, offset, nbytes))
+            offset += nbytes + (-nbytes % _ALIGN)
     buf = bytearray(offset)  # zeros: the padding between constants
     if offset:
         flat = torch.frombuffer(buf, dtype=torch.uint8)
         for t, at, nbytes in placed:
             if nbytes:
                 flat[at:at + nbytes].copy_(t.contiguous().reshape(-1).view(torch.uint8))
-    return table, memoryview(buf).toreadonly()
+    return tables[0], tables[1], memoryview(buf).toreadonly()
 
 
 def pinned_sha256(sha256: Any) -> str | None:
@@ -243,7 +248,7 @@ _DIGESTS = ("vmfb_sha256", "constants_sha256")
 
 
 def _check_digests(manifest: Manifest, vmfb: bytes, path: str, constants: bytes) -> None:
-    if manifest.host_constants and \
+    if (manifest.host_constants or manifest.parameters) and \
             hashlib.sha256(constants).hexdigest() != manifest.constants_sha256:
         raise ArtifactError(f"{path!r} is corrupt or truncated: host constants do not match "
                             "the manifest's checksum")

@@ -35,10 +35,12 @@ from .limits import MAX_RANK, MAX_TENSOR_BYTES, check_document, read_json, tenso
 from .op_table import GROUP_OP, name_problem, py_problem
 from .treespec import TreeSpec
 
-__all__ = ["Manifest", "FORMAT_VERSION", "READS", "check_manifest", "reading"]
+__all__ = ["Manifest", "FORMAT_VERSION", "READS", "PARAMETER_SCOPE", "check_manifest",
+           "reading"]
 
-FORMAT_VERSION = 3
-READS = (1, 2, 3)
+FORMAT_VERSION = 4  # 4: the compiled module may read its weights as parameters
+READS = (1, 2, 3, 4)
+PARAMETER_SCOPE = "aot"  # the scope of the module's parameters (aot.runtime.parameters)
 REQUIRED = ("format_version", "target", "driver", "flags", "torch_version", "iree_version",
             "inputs", "outputs", "in_spec", "out_spec", "kernel_calls", "placements",
             "vmfb_sha256", "name")
@@ -89,6 +91,7 @@ class Manifest(Mapping):
     whole_program_call: str | None = None
     compile_seconds: float | None = None
     host_constants: dict = dataclasses.field(default_factory=dict)
+    parameters: dict = dataclasses.field(default_factory=dict)
     constants_sha256: str | None = None
     host_program: dict | None = None
     region: dict | None = None
@@ -335,34 +338,56 @@ def _spec(m: dict, key: str, leaves: int) -> None:
     _need(n == leaves, key, f"has {n} leaves, the manifest describes {leaves}")
 
 
+# a parameter's dtype, by name (the floating-point weights fx_import.Parameters takes),
+# and its key: what the module's #stream.parameter.named attributes name
+_PARAMETER_DTYPES = {"float32": 4, "float16": 2, "bfloat16": 2, "float64": 8}
+_PARAMETER_KEY = re.compile(r"p[0-9]{1,9}\Z")
+
+
 def _constants(m: dict, constants_len: int) -> None:
     table = m.get("host_constants")
-    if not table:
-        return
-    _need(isinstance(table, dict), "host_constants", "expected an object")
-    torch = _torch()
-    if torch is None:
-        return  # only kernel calls read them, and those need torch (the loader says so)
-    for name, d in table.items():
-        f = f"host_constants.{name}"
-        _need(isinstance(d, dict), f, "expected an object")
-        dtype = getattr(torch, str(d.get("dtype")), None)
-        _need(isinstance(dtype, torch.dtype), f"{f}.dtype", f"unknown dtype {d.get('dtype')!r}")
-        itemsize = dtype.itemsize
-        shape = d.get("shape")
-        _need(isinstance(shape, list) and len(shape) <= MAX_RANK
-              and all(_is_int(s) and s >= 0 for s in shape),
-              f"{f}.shape", f"expected a list of sizes, got {shape!r:.80}")
-        off, n = d.get("offset"), d.get("nbytes")
-        _need(_is_int(off) and off >= 0 and off % 64 == 0, f"{f}.offset",
-              f"expected a 64-byte aligned offset, got {off!r}")
-        want = math.prod(shape) * itemsize
-        _need(_is_int(n) and n == want, f"{f}.nbytes",
-              f"expected {want} (shape {shape}, {d['dtype']}), got {n!r}")
-        _need(off + n <= constants_len, f"{f}.offset",
-              f"bytes {off}..{off + n} lie outside the constants ({constants_len} bytes)")
-    _need(isinstance(m.get("constants_sha256"), str) and _HEX64.match(m["constants_sha256"]),
-          "constants_sha256", "expected a SHA-256 hex digest")
+    params = m.get("parameters")
+    if params:  # the compiled module's weights: read by IREE, torch or not
+        _need(isinstance(params, dict), "parameters", "expected an object")
+        for key, d in params.items():
+            f = f"parameters.{str(key)[:40]}"
+            _need(isinstance(key, str) and _PARAMETER_KEY.match(key), f,
+                  "expected a key p<number>")
+            _need(isinstance(d, dict) and str(d.get("dtype")) in _PARAMETER_DTYPES,
+                  f"{f}.dtype", f"expected one of {sorted(_PARAMETER_DTYPES)}")
+            _slice(d, f, _PARAMETER_DTYPES[d["dtype"]], constants_len)
+    if table:
+        _need(isinstance(table, dict), "host_constants", "expected an object")
+        torch = _torch()
+        if torch is not None:  # else: only kernel calls read them, and those need torch
+            for name, d in table.items():
+                f = f"host_constants.{name}"
+                _need(isinstance(d, dict), f, "expected an object")
+                dtype = getattr(torch, str(d.get("dtype")), None)
+                _need(isinstance(dtype, torch.dtype), f"{f}.dtype",
+                      f"unknown dtype {d.get('dtype')!r}")
+                _slice(d, f, dtype.itemsize, constants_len)
+    if table or params:
+        _need(isinstance(m.get("constants_sha256"), str)
+              and _HEX64.match(m["constants_sha256"]),
+              "constants_sha256", "expected a SHA-256 hex digest")
+
+
+def _slice(d: dict, f: str, itemsize: int, constants_len: int) -> None:
+    """A constant's shape, and its bytes: 64-byte aligned, sized by the shape, within
+    the constants."""
+    shape = d.get("shape")
+    _need(isinstance(shape, list) and len(shape) <= MAX_RANK
+          and all(_is_int(s) and s >= 0 for s in shape),
+          f"{f}.shape", f"expected a list of sizes, got {shape!r:.80}")
+    off, n = d.get("offset"), d.get("nbytes")
+    _need(_is_int(off) and off >= 0 and off % 64 == 0, f"{f}.offset",
+          f"expected a 64-byte aligned offset, got {off!r}")
+    want = math.prod(shape) * itemsize
+    _need(_is_int(n) and n == want, f"{f}.nbytes",
+          f"expected {want} (shape {shape}, {d['dtype']}), got {n!r}")
+    _need(off + n <= constants_len, f"{f}.offset",
+          f"bytes {off}..{off + n} lie outside the constants ({constants_len} bytes)")
 
 
 _OPERAND_KINDS = ("tensor", "tensor_list", "scalar", "static")

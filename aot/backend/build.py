@@ -63,7 +63,7 @@ def host_artifact(imported: ImportedProgram, target: Target, policy: PlacementPo
                             "host_program")
                   for n in imported.exported.graph.nodes if n.op == "call_function"
                   and isinstance(n.target, torch._ops.OpOverload)]
-    table, blob = pack_constants(constants)
+    table, _, blob = pack_constants(constants)
     manifest = _manifest(imported, target, policy, placements, [], None, b"", table, blob,
                          time.perf_counter() - t0)
     manifest["host_program"] = entry
@@ -75,9 +75,11 @@ def host_artifact(imported: ImportedProgram, target: Target, policy: PlacementPo
 def build_artifact(p: PartitionedProgram, vmfb: bytes, seconds: float) -> CompiledArtifact:
     if p.imported.symbols:
         _check_dynamic_signature(p)
-    table, blob = pack_constants(p.host_constants)
+    table, parameters, blob = pack_constants(p.host_constants, p.parameters)
     manifest = _manifest(p.imported, p.target, p.policy, p.placements, p.kernel_calls,
                          p.whole_program_call, vmfb, table, blob, seconds)
+    if parameters:
+        manifest["parameters"] = parameters
     return CompiledArtifact.built(vmfb, manifest, blob)
 
 

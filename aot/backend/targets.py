@@ -30,6 +30,11 @@ class Target:
     # a CPU target's architecture, CPU and features (recorded in the manifest, checked
     # against the host at load); None for other backends
     cpu: CpuTarget | None = None
+    # the compiled module reads its weights as IREE parameters the runtime supplies
+    # from the artifact (``aot.importer.fx_import.Parameters``), not as constants
+    # iree-compile parses and copies into the module; False: inline (a plain module
+    # for IREE's own tools, the StableHLO route, CUDA)
+    parameters: bool = False
 
     @property
     def runs_here(self) -> bool:
@@ -81,4 +86,5 @@ def get_target(name: str, extra_flags: tuple[str, ...] = (), profile: str = "def
                             f"{sorted(PROFILES[base])}", stage="options") from None
     flags = (cpu_flags(spec) if spec else t.flags) + pflags + tuple(extra_flags)
     cpu = resolve_cpu(flags) if t.backend == "llvm-cpu" else None
-    return Target(name if spec else t.name, t.backend, t.driver, flags, profile, via, cpu)
+    return Target(name if spec else t.name, t.backend, t.driver, flags, profile, via, cpu,
+                  parameters=t.backend == "llvm-cpu" and via == "torch")

@@ -5,6 +5,15 @@ inlined as literals, non-tensor user inputs replaced by their baked value) and
 hand it to ``FxImporter.import_stateless_graph``. The exported program itself
 is never mutated (``import_frozen_program`` erases its placeholders), so the
 same export can be imported again with different substitutions.
+
+With a :class:`Parameters` collector, every floating-point weight of at least
+``PARAMETER_MIN_BYTES`` becomes a module-level ``util.global`` whose value is the named
+IREE parameter ``#stream.parameter.named<"aot"::"pN">``, read where the literal was:
+iree-compile then never parses, copies or serializes the weights (for a transformer,
+hundreds of MB that made most of a compile's time and memory traffic), and the
+runtime supplies them from the artifact's constants (``aot.runtime.parameters``).
+IREE hoists what the code computes from a weight alone (a relayout, data tiling's
+packing) into an initializer that runs once, when the module is loaded.
 """
 
 from __future__ import annotations
@@ -17,9 +26,15 @@ import torch.utils._pytree as pytree
 
 import hashlib
 
-from .._mlir import FxImporter, RefTracker, ir, new_context
+from .._mlir import FxImporter, FxImporterHooks, RefTracker, ir, new_context
+from ..manifest import PARAMETER_SCOPE
 
-__all__ = ["stateless_graph", "import_graph", "import_graphs", "NodeRewrite", "DROP"]
+__all__ = ["stateless_graph", "import_graph", "import_graphs", "NodeRewrite", "DROP",
+           "Parameters", "PARAMETER_SCOPE", "PARAMETER_MIN_BYTES"]
+
+PARAMETER_MIN_BYTES = 4096  # smaller weights (biases, norms' scales) stay in the code
+_PARAMETER_TYPES = {torch.float32: "f32", torch.float16: "f16", torch.bfloat16: "bf16",
+                    torch.float64: "f64"}
 
 DROP = object()  # a rewrite's answer for "leave this node out" (e.g. metadata asserts)
 
@@ -58,12 +73,86 @@ def stateless_graph(ep: torch.export.ExportedProgram,
     return g
 
 
+class Parameters:
+    """The weights an import made IREE parameters (module docstring): ``tensors`` maps
+    each parameter's key to its tensor, in the order the import met them; one tensor
+    met again (in the same or another function) is one parameter; with
+    ``by_contents``, so are tensors of equal dtype, shape and bytes (the functions of
+    one module imported from separately prepared programs)."""
+
+    def __init__(self, by_contents: bool = False):
+        self.tensors: dict[str, torch.Tensor] = {}
+        self._keys: dict[object, str] = {}
+        self._by_contents = by_contents
+
+    def key(self, t: torch.Tensor) -> str:
+        ident = _contents(t) if self._by_contents else id(t)
+        k = self._keys.get(ident)
+        if k is None:
+            k = self._keys[ident] = f"p{len(self.tensors)}"
+            self.tensors[k] = t  # holds the tensor: its id stays its own
+        return k
+
+    @staticmethod
+    def takes(t) -> bool:
+        return isinstance(t, torch.Tensor) and t.dtype in _PARAMETER_TYPES \
+            and t.layout == torch.strided and not t.is_meta and not t.is_quantized \
+            and not isinstance(t, torch._subclasses.FakeTensor) \
+            and all(type(d) is int for d in t.shape) \
+            and t.numel() * t.element_size() >= PARAMETER_MIN_BYTES
+
+
+class _ParameterHooks(FxImporterHooks):
+    def __init__(self, parameters: Parameters):
+        self.parameters = parameters
+        self.globals: set[str] = set()
+
+    def resolve_literal(self, gni, literal, info):
+        if not Parameters.takes(literal):
+            return None  # the importer's own literal
+        key = self.parameters.key(literal)
+        dims = list(literal.shape)
+        elt = _PARAMETER_TYPES[literal.dtype]
+        tensor = ir.RankedTensorType.get(dims, ir.Type.parse(elt))
+        vtensor = ir.Type.parse(f"!torch.vtensor<[{','.join(map(str, dims))}],{elt}>")
+        if key not in self.globals:
+            self.globals.add(key)
+            with ir.InsertionPoint.at_block_begin(gni.fx_importer.module.body), \
+                    ir.Location.unknown():
+                ir.Operation.create("util.global", attributes={
+                    "sym_name": ir.StringAttr.get(key),
+                    "sym_visibility": ir.StringAttr.get("private"),
+                    "type": ir.TypeAttr.get(tensor),
+                    "initial_value": ir.Attribute.parse(
+                        f'#stream.parameter.named<"{PARAMETER_SCOPE}"::"{key}"> : {tensor}')})
+        load = ir.Operation.create("util.global.load", results=[tensor],
+                                   attributes={"global": ir.FlatSymbolRefAttr.get(key)})
+        return ir.Operation.create("torch_c.from_builtin_tensor", results=[vtensor],
+                                   operands=[load.result]).result
+
+
+def _importer(module=None, parameters: Parameters | None = None, **kwargs) -> FxImporter:
+    if parameters is not None:
+        kwargs["hooks"] = _ParameterHooks(parameters)
+    if module is not None:
+        return FxImporter(module=module, **kwargs)
+    return FxImporter(context=new_context(), **kwargs)
+
+
 def import_graph(graph: torch.fx.Graph, *, func_name: str = "main",
-                 module: "ir.Module | None" = None) -> "ir.Module":
-    """Import one stateless FX graph as ``func_name`` into ``module`` (or a new one)."""
-    importer = FxImporter(module=module) if module is not None else FxImporter(context=new_context())
+                 module: "ir.Module | None" = None,
+                 parameters: Parameters | None = None) -> "ir.Module":
+    """Import one stateless FX graph as ``func_name`` into ``module`` (or a new one);
+    with ``parameters``, its weights become IREE parameters collected there."""
+    importer = _importer(module, parameters)
     importer.import_stateless_graph(graph, func_name=func_name)
     return importer.module
+
+
+def _contents(t: torch.Tensor) -> tuple:
+    t = t.detach().cpu().contiguous()
+    data = t.reshape(-1).view(torch.uint8).numpy() if t.numel() else b""
+    return (str(t.dtype), tuple(t.shape), hashlib.sha256(data).hexdigest())
 
 
 class _SameContents(RefTracker):
@@ -76,9 +165,7 @@ class _SameContents(RefTracker):
                 or isinstance(referrent, torch._subclasses.FakeTensor) \
                 or referrent.layout != torch.strided or referrent.is_quantized:
             return super().track(referrent)
-        t = referrent.detach().cpu().contiguous()
-        data = t.reshape(-1).view(torch.uint8).numpy() if t.numel() else b""
-        key = (str(t.dtype), tuple(t.shape), hashlib.sha256(data).hexdigest())
+        key = _contents(referrent)
         existing = self._refs.get(key)
         if existing is None:
             existing = super().track(referrent)
@@ -86,10 +173,12 @@ class _SameContents(RefTracker):
         return existing
 
 
-def import_graphs(graphs: dict[str, torch.fx.Graph]) -> "ir.Module":
+def import_graphs(graphs: dict[str, torch.fx.Graph],
+                  parameters: Parameters | None = None) -> "ir.Module":
     """Import several stateless FX graphs into one module, one function each (by name);
-    a weight equal in several is one constant."""
-    importer = FxImporter(context=new_context(), py_attr_tracker=_SameContents())
+    a weight equal in several is one constant (or, with ``parameters``, one tensor read
+    by several is one parameter)."""
+    importer = _importer(None, parameters, py_attr_tracker=_SameContents())
     for name, graph in graphs.items():
         importer.import_stateless_graph(graph, func_name=name)
     return importer.module

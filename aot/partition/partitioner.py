@@ -20,7 +20,7 @@ import torch
 import torch.fx
 
 from ..fallback.spec import KernelCallSpec, lacks_cuda_kernel
-from ..importer.fx_import import import_graph, stateless_graph
+from ..importer.fx_import import Parameters, import_graph, stateless_graph
 from ..importer.program import ImportedProgram
 from .coverage import CoverageCache
 from .decisions import decide, op_nodes
@@ -62,6 +62,9 @@ class PartitionedProgram:
     whole_program_call: str | None = None
     # the graph ``mlir`` was imported from (kernel calls as ``aot_kc`` ops)
     graph: torch.fx.Graph | None = field(default=None, compare=False, repr=False)
+    # the weights the module reads as IREE parameters, by key (``target.parameters``)
+    parameters: dict[str, torch.Tensor] = field(default_factory=dict, compare=False,
+                                                repr=False)
 
     def __post_init__(self):
         keys = [k.key for k in self.kernel_calls]
@@ -118,7 +121,8 @@ def partition(imported: ImportedProgram, target: Target,
     graph, specs, node_keys, consts = rewrite_graph(ep, decided, sizes, grouping,
                                                     named_kernels(target), portable)
     whole = single_call(graph)
-    module = expand(outline_kernel_calls(import_graph(graph), specs))
+    params = Parameters() if target.parameters and not portable else None
+    module = expand(outline_kernel_calls(import_graph(graph, parameters=params), specs))
     on_cpu = set()
     if target.name == "cuda":
         on_cpu = {s.key for s in specs if lacks_cuda_kernel(s)}
@@ -136,7 +140,8 @@ def partition(imported: ImportedProgram, target: Target,
                  for n in op_nodes(ep)}
     return PartitionedProgram(imported, target, policy, placements, tuple(specs), module,
                               producers, consts.tensors,
-                              None if whole is None else specs[whole].key, graph)
+                              None if whole is None else specs[whole].key, graph,
+                              params.tensors if params is not None else {})
 
 
 def single_call(graph: torch.fx.Graph) -> int | None:

@@ -29,6 +29,7 @@ from ..fallback.spec import KernelCallSpec
 from ..torch_tensor import TorchTensor, dtype_from_name
 from ..treespec import structure_error
 from .host_cpu import host_problem
+from .parameters import parameters_module
 from .device import (ALIGN, aligned_copy, as_storage, buffer_view_to_torch, get_device,
                      quiet_exit, sync_torch, torch_to_buffer_view)
 
@@ -123,8 +124,10 @@ class CompiledModule:
                                      self.artifact.host_constants(self.torch_device))
         hal = rt.create_hal_module(self.instance, self.device)
         try:
+            params = parameters_module(self.instance, self.manifest, self.artifact.constants)
             main = rt.VmModule.copy_buffer(self.instance, self.artifact.vmfb)
-            self.context = rt.VmContext(self.instance, [hal, self.host.vm_module, main])
+            self.context = rt.VmContext(self.instance, [hal, *([params] if params else []),
+                                                        self.host.vm_module, main])
         except RuntimeError as e:
             raise ArtifactError(f"IREE could not load the module: {e}") from e
         self.main = main.lookup_function("main")

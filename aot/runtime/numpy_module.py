@@ -28,6 +28,7 @@ from ..torch_tensor import TorchTensor
 from ..treespec import TreeSpec, structure_error
 from .device import get_device, quiet_exit
 from .host_cpu import host_problem
+from .parameters import parameters_module
 
 __all__ = ["NumpyModule", "NUMPY_DTYPES"]
 
@@ -76,9 +77,11 @@ class NumpyModule:
         self.device = get_device(self.driver)
         self.instance = rt.VmInstance()
         try:
+            params = parameters_module(self.instance, m, artifact.constants)
             module = rt.VmModule.copy_buffer(self.instance, artifact.vmfb)
             self.context = rt.VmContext(self.instance,
-                                        [rt.create_hal_module(self.instance, self.device), module])
+                                        [rt.create_hal_module(self.instance, self.device),
+                                         *([params] if params else []), module])
         except RuntimeError as e:
             raise ArtifactError(f"IREE could not load the module: {e}") from e
         self.main = module.lookup_function("main")

@@ -49,6 +49,7 @@ def plain_vmfb(imported, target, parameters: str | None = None,
     ``parameters`` (a file path), weights of ``min_bytes`` or more are written there as
     an IREE parameter archive and the module loads them from it."""
     coverage = PlacementPolicy.make("auto", (), "coverage", None)
+    target = dataclasses.replace(target, parameters=False)  # IREE's tools load it alone
     art = compile_model(imported, target, coverage, example)
     check_plain(art.manifest)
     if parameters is None:

@@ -34,8 +34,8 @@ import hashlib
 import logging
 import time
 
-from ..artifact import CompiledArtifact
-from ..importer.fx_import import import_graphs
+from ..artifact import CompiledArtifact, pack_constants
+from ..importer.fx_import import Parameters, import_graphs
 from ..backend.linalg_kernels import expand
 from ..importer.program import ImportedProgram
 from ..backend.iree_compile import try_compile
@@ -72,7 +72,8 @@ def specialize(art: CompiledArtifact, imported: ImportedProgram, target: Target,
         if p_static.kernel_calls or p_dyn.kernel_calls:
             log.info("not specialised at the example: a form needs kernel calls")
             return art
-        vmfb, diag = try_compile(combine(p_dyn, p_static), target)
+        params = Parameters(by_contents=True) if target.parameters else None
+        vmfb, diag = try_compile(combine(p_dyn, p_static, params), target)
     except Exception as e:  # a specialisation is an optimisation: the plain one stands
         log.info("not specialised at the example: %s", e)
         return art
@@ -82,13 +83,19 @@ def specialize(art: CompiledArtifact, imported: ImportedProgram, target: Target,
     entry = {"function": AT_EXAMPLE, "at": {s: e["example"] for s, e in imported.symbols.items()},
              "sizes": {e.get("name") or s: e["example"] for s, e in imported.symbols.items()},
              "kept": True, "compile_seconds": round(time.perf_counter() - t0, 2)}
-    manifest = art.manifest.replace(len(art.constants), specialized=entry,
-                                    vmfb_sha256=hashlib.sha256(vmfb).hexdigest())
-    return CompiledArtifact.built(vmfb, manifest, art.constants)
+    constants, fields = art.constants, {}
+    if params is not None:  # both functions' weights (no kernel call: no host constants)
+        _, table, constants = pack_constants({}, params.tensors)
+        fields = {"parameters": table,
+                  "constants_sha256": hashlib.sha256(constants).hexdigest()}
+    manifest = art.manifest.replace(len(constants), specialized=entry,
+                                    vmfb_sha256=hashlib.sha256(vmfb).hexdigest(), **fields)
+    return CompiledArtifact.built(vmfb, manifest, constants)
 
 
-def combine(dynamic, static) -> str:
+def combine(dynamic, static, parameters: Parameters | None = None) -> str:
     """One module with two entry functions: ``main``, the dynamic program, and
     ``main_at_example``, the static one (``dynamic``/``static``: PartitionedPrograms of
     the same model, no kernel calls); a weight is one constant, read by both."""
-    return str(expand(import_graphs({"main": dynamic.graph, AT_EXAMPLE: static.graph})))
+    return str(expand(import_graphs({"main": dynamic.graph, AT_EXAMPLE: static.graph},
+                                    parameters)))
