@@ -11,12 +11,13 @@ queued work is counted.
 
 from __future__ import annotations
 
+import os
 import statistics
 import time
 from typing import Callable, Iterable
 
 __all__ = ["block", "interleaved", "median_ms", "medians", "spread", "rotated", "rotations",
-           "rounds_while"]
+           "rounds_while", "elsewhere"]
 
 
 def _nothing() -> None:
@@ -110,3 +111,36 @@ def spread(v: list[float]) -> float:
         return 0.0
     q = statistics.quantiles(v, n=4)
     return (q[2] - q[0]) / 2
+
+
+_STAT = "/proc/stat"
+_BUSY = (0, 1, 2, 5, 6, 7)  # user, nice, system, irq, softirq, steal (a VM's host's share)
+
+
+def _machine_busy_s() -> float | None:
+    """CPU seconds the whole machine has been busy (every CPU, the hypervisor's steal
+    included), from ``/proc/stat``; None where there is none (not Linux)."""
+    try:
+        with open(_STAT, "rb") as f:
+            fields = f.readline().split()[1:]
+        ticks = sum(int(fields[i]) for i in _BUSY if i < len(fields))
+        return ticks / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def elsewhere() -> Callable[[], float | None]:
+    """Start watching the machine; the returned function gives the CPU seconds spent
+    since outside this process (other processes, the kernel's work for them, a VM's
+    steal), or None where that cannot be read. A timed call during which that stayed
+    near zero ran on a machine otherwise idle: nothing else slowed it."""
+    before, own = _machine_busy_s(), time.process_time()
+    if before is None:
+        return lambda: None
+
+    def since() -> float | None:
+        after = _machine_busy_s()
+        if after is None:
+            return None
+        return max(0.0, (after - before) - (time.process_time() - own))
+    return since

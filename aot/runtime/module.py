@@ -128,7 +128,7 @@ class CompiledModule:
             main = rt.VmModule.copy_buffer(self.instance, self.artifact.vmfb)
             self.context = rt.VmContext(self.instance, [hal, *([params] if params else []),
                                                         self.host.vm_module, main])
-        except RuntimeError as e:
+        except (RuntimeError, ValueError, LookupError) as e:  # IREE's status as Python's
             raise ArtifactError(f"IREE could not load the module: {e}") from e
         self.main = main.lookup_function("main")
         # a dynamic program's static form at the example's sizes (aot.tuning.specialize):
@@ -308,7 +308,7 @@ class CompiledModule:
     def _invoke(self, arg_list, results, function) -> None:
         try:
             self.context.invoke(function, arg_list, results)
-        except RuntimeError as e:
+        except (RuntimeError, ValueError, LookupError) as e:  # IREE's status as Python's
             err = self.host.take_error()
             if isinstance(err, AotError):
                 raise err

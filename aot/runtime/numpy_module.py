@@ -82,7 +82,7 @@ class NumpyModule:
             self.context = rt.VmContext(self.instance,
                                         [rt.create_hal_module(self.instance, self.device),
                                          *([params] if params else []), module])
-        except RuntimeError as e:
+        except (RuntimeError, ValueError, LookupError) as e:  # IREE's status as Python's
             raise ArtifactError(f"IREE could not load the module: {e}") from e
         self.main = module.lookup_function("main")
         spec = m.specialized or {}
@@ -121,7 +121,7 @@ class NumpyModule:
         at_example = self._at_example is not None and env == self._example_env
         try:
             self.context.invoke(self._at_example if at_example else self.main, args_list, results)
-        except RuntimeError as e:
+        except (RuntimeError, ValueError, LookupError) as e:  # IREE's status as Python's
             raise AotError(f"IREE runtime error: {e}", stage="run") from e
         it = iter(range(self._n_results))
         leaves = [self._array(results, next(it), o) if isinstance(o, TorchTensor) else o

@@ -68,7 +68,10 @@ timing. Such a candidate's warm-up is its first call alone where nothing is pack
 on it (``_WARMUP_SLOW``), and once it is the only one left in the race it is timed to
 ``_SOLE_SAMPLES`` samples, not for every round: the others' rechecks decide. Where
 the other candidates are fast, a slow one whose first call took ``OUT_OF_RACE`` times
-a fast one's warm-up call is out of the race from the start (``_warm_race``).
+a fast one's warm-up call is out of the race from the start (``_warm_race``). A slow
+candidate out of the race is rechecked only where something else used the machine
+while it was timed (``timing.elsewhere``: CPU time spent outside this process, a
+VM's steal included); timed on an idle machine, nothing slowed it.
 
 **Deciding.** Each candidate's median and spread (half its interquartile range)
 are recorded. The fastest median wins, except that a candidate earlier in a fixed
@@ -560,6 +563,7 @@ def _time_candidates(cands: dict[str, CompiledArtifact], example, target: Target
     cuda = not target.driver.startswith("local")
     sync = torch.cuda.synchronize if cuda else (lambda: None)
     mods, call_s, warm = {}, {}, {}
+    quiet: dict[str, bool] = {}  # a slow candidate timed only while the machine was idle
     with torch.no_grad():
         # the per-op artifact's executor variants last: where it is slow and far out of
         # the race, they are not run at all (``_sibling_out``)
@@ -574,10 +578,12 @@ def _time_candidates(cands: dict[str, CompiledArtifact], example, target: Target
             try:
                 m = CompiledModule(art)
                 for i in range(_WARMUP if cuda else _WARMUP_CPU):
+                    watch = timing.elsewhere()
                     t = time.perf_counter()
                     m(*args, **kwargs)
                     sync()
                     call_s[name] = time.perf_counter() - t  # the last warm-up call's time
+                    quiet[name] = _quiet(watch(), call_s[name])
                     warm.setdefault(name, []).append(call_s[name])
                     if not cuda and i + 1 >= _WARMUP_SLOW and call_s[name] >= _SLOW_S \
                             and not _packs(art):
@@ -605,12 +611,12 @@ def _time_candidates(cands: dict[str, CompiledArtifact], example, target: Target
             if r >= 2 and time.perf_counter() > deadline:
                 break
             _round(mods, timing.rotated(names, r), args, kwargs,
-                   sync, samples, settled)
+                   sync, samples, settled, quiet=quiet)
             if r >= 1 or slow:
                 names = _in_race(samples, names)
             if slow and len(names) == 1 and len(samples[names[0]]) >= _SOLE_SAMPLES:
                 break  # nothing left to compare: the others are rechecked below
-        _recheck(mods, names, args, kwargs, sync, samples, settled)
+        _recheck(mods, names, args, kwargs, sync, samples, settled, quiet)
         # the choice and every candidate that might still beat it: measured more, in
         # rotating order, until the order is clear, one has _MAX_RUNS samples, or
         # EXTRA_S is spent (noise re-measures; it never protects the first candidate)
@@ -619,7 +625,7 @@ def _time_candidates(cands: dict[str, CompiledArtifact], example, target: Target
         while todo and time.perf_counter() < deadline and \
                 max(len(samples[k]) for k in todo) < _MAX_RUNS:
             _round(mods, timing.rotated(todo, r), args, kwargs, sync,
-                   samples, settled)
+                   samples, settled, quiet=quiet)
             r += 1
             todo = _remeasure(_stats(samples))
     for m in mods.values():
@@ -686,18 +692,26 @@ def _warm_race(mods, settled, samples: dict[str, list], call_s: dict) -> list[st
     return [k for k in mods if k not in settled or min(samples[k]) < OUT_OF_RACE * min(fast)]
 
 
-def _recheck(mods, names, args, kwargs, sync, samples, settled=frozenset()) -> None:
+def _recheck(mods, names, args, kwargs, sync, samples, settled=frozenset(),
+             quiet: dict | None = None) -> None:
     """One more block for each candidate ``_in_race`` dropped (those not in ``names``),
     one call for a slow one (``settled``): one that now runs within ``OUT_OF_RACE`` of
     the best median was slowed by something else while it was timed (a burst of other
     work on the machine), so its earlier samples are dropped and it is measured from
-    that block on, as the others are."""
+    that block on, as the others are. A slow one whose every call ran while nothing
+    else used the machine (``quiet``: ``timing.elsewhere``) was not slowed by anything
+    else, and is not called again: a call of a slow program is seconds of a compile."""
     if len(names) == len(mods):
         return
     best = min(statistics.median(samples[k]) for k in names)
     for k in [k for k in mods if k not in names]:
+        if k in settled and quiet is not None and quiet.get(k):
+            log.info("region candidate %s not rechecked: its %d call(s), %.3f ms at best, ran "
+                     "with the machine otherwise idle", k, len(samples[k]), min(samples[k]))
+            continue
         before, samples[k] = samples[k], []
-        _round(mods, [k], args, kwargs, sync, samples, settled, block=1 if k in settled else None)
+        _round(mods, [k], args, kwargs, sync, samples, settled,
+               block=1 if k in settled else None, quiet=quiet)
         if min(samples[k]) < OUT_OF_RACE * best:
             log.info("region candidate %s ran %.3f ms again after %.3f ms medians: measured "
                      "anew", k, min(samples[k]), statistics.median(before))
@@ -705,16 +719,33 @@ def _recheck(mods, names, args, kwargs, sync, samples, settled=frozenset()) -> N
             samples[k] = before + samples[k]
 
 
-def _round(mods, order, args, kwargs, sync, samples, settled=frozenset(), block=None) -> None:
+def _round(mods, order, args, kwargs, sync, samples, settled=frozenset(), block=None,
+           quiet: dict | None = None) -> None:
     """One block per candidate in ``order``: untimed calls for ``_WARM_S`` (the
     previous candidate's threads settle, this one's caches and threads warm up; one
     call at least, none for the ``settled`` slow ones), then ``block`` timed (by
-    default ``_BLOCK``, ``_BLOCK_SLOW`` for the slow ones)."""
+    default ``_BLOCK``, ``_BLOCK_SLOW`` for the slow ones). ``quiet``: whether each
+    slow one's blocks so far ran with the machine otherwise idle, updated."""
     for name in order:
         m = mods[name]
+        watch, t = timing.elsewhere(), time.perf_counter()
         samples[name] += timing.block(lambda: m(*args, **kwargs),
                                       block or (_BLOCK_SLOW if name in settled else _BLOCK),
                                       warm_s=0.0 if name in settled else _WARM_S, sync=sync)
+        if quiet is not None:
+            quiet[name] = quiet.get(name, True) and _quiet(watch(), time.perf_counter() - t)
+
+
+# a timed stretch ran on an otherwise idle machine when the CPU time spent outside this
+# process meanwhile stayed under this much, plus _QUIET_FRACTION of the stretch on every
+# CPU (``/proc/stat`` counts in ticks of 10 ms; a busy neighbour shows as tenths of s)
+_QUIET_S = 0.03
+_QUIET_FRACTION = 0.02
+
+
+def _quiet(elsewhere_s: float | None, wall_s: float) -> bool:
+    return elsewhere_s is not None and \
+        elsewhere_s <= _QUIET_S + _QUIET_FRACTION * wall_s * (os.cpu_count() or 1)
 
 
 # a dynamic program is timed at its range's end too when one call there is expected

@@ -395,3 +395,56 @@ def test_unedited_artifacts_run(grouped, program, dynamic, x):
     x5 = torch.randn(5, 4)
     with torch.no_grad():
         torch.testing.assert_close(aot.load(path)(x5), m(x5), rtol=1e-5, atol=1e-5)
+
+
+# -- the compiled module's parameters ----------------------------------------------------
+
+@pytest.fixture(scope="module")
+def weighted(tmp_path_factory):
+    """A compiled module that reads its weights as parameters (two of them)."""
+    torch.manual_seed(0)
+    m = torch.nn.Sequential(torch.nn.Linear(64, 32), torch.nn.ReLU(),
+                            torch.nn.Linear(32, 64)).eval()
+    x = torch.randn(3, 64)
+    cm = aot.compile(m, (x,), placement="coverage")
+    assert sorted(cm.manifest.parameters) == ["p0", "p1"]
+    torch.testing.assert_close(cm(x), m(x), rtol=1e-5, atol=1e-5)
+    path = str(tmp_path_factory.mktemp("weighted") / "w.aot")
+    cm.save(path)
+    return path, m, x
+
+
+def _without(key):
+    def edit(m):
+        del m["parameters"][key]
+    return edit
+
+
+def _resized(m):  # p1 one row shorter: a consistent table entry IREE's global disagrees with
+    d = m["parameters"]["p1"]
+    d["shape"][0] -= 1
+    d["nbytes"] = d["shape"][0] * d["shape"][1] * 4
+
+
+@pytest.mark.parametrize("edit, match", [
+    (setter(["parameters", "p0", "offset"], 1 << 40), r"parameters\.p0\.offset"),
+    (setter(["parameters", "p0", "offset"], 3), r"parameters\.p0\.offset.*aligned"),
+    (setter(["parameters", "p0", "nbytes"], 4), r"parameters\.p0\.nbytes"),
+    (setter(["parameters", "p0", "dtype"], "int64"), r"parameters\.p0\.dtype"),
+    (setter(["parameters", "p0", "shape"], "x" * 10), r"parameters\.p0\.shape"),
+    (setter(["parameters", "../etc"], {"dtype": "float32", "shape": [1], "offset": 0,
+                                       "nbytes": 4}), r"parameters\.\.\./etc|parameters\.\.\./"),
+    (setter(["parameters"], ["p0"]), r"parameters"),
+    (_without("p1"), r"could not load"),
+    (_resized, r"could not load"),
+])
+def test_parameter_table_edited(weighted, tmp_path, edit, match):
+    path, _, _ = weighted
+    bad = rewrite(path, str(tmp_path / "bad.aot"), edit)
+    with pytest.raises(aot.ArtifactError, match=match):
+        aot.load(bad)
+
+
+def test_parameters_load_and_run(weighted):
+    path, m, x = weighted
+    torch.testing.assert_close(aot.load(path)(x), m(x), rtol=1e-5, atol=1e-5)
