@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-import keyword
 import math
 import re
 from collections.abc import Mapping
@@ -414,7 +413,10 @@ def _kernel_call(k: Any, f: str) -> None:
         g = f"{f}.operands[{j}]"
         _need(isinstance(o, dict) and _one_of(o.get("kind"), _OPERAND_KINDS)
               and isinstance(o.get("name"), str), g, f"expected an operand of kind {_OPERAND_KINDS}")
-        _need(o["name"].isidentifier() and not keyword.iskeyword(o["name"]), f"{g}.name",
+        # a schema's argument name, which may be a Python keyword (uniform's ``from``):
+        # only a keyword-only operand's name becomes source, checked where it does
+        # (``aot.fallback.codegen``)
+        _need(o["name"].isidentifier(), f"{g}.name",
               f"expected an argument name, got {o['name']!r:.80}")
         kind = o["kind"]
         if kind in ("tensor", "scalar"):

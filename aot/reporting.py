@@ -73,6 +73,14 @@ def format_report(manifest: Manifest) -> str:
             lines.append(f"  specialised at the example ({sizes}): the module also holds the "
                          f"program compiled for those sizes ({spec['function']}), called when "
                          "a call's sizes are the example's; every other size runs main")
+    weights = [(len(t), sum(d["nbytes"] for d in t.values()))
+               for t in (manifest.parameters or {}, manifest.host_constants or {})]
+    if weights[0][0] or weights[1][0]:
+        lines.append("weights: " + ", ".join(
+            f"{n} {what} ({b / 1e6:.1f} MB)" for (n, b), what in zip(
+                weights, ("read by compiled code as IREE parameters",
+                          "handed to kernel calls")) if n)
+            + ", stored beside the module in the artifact")
     if manifest.folded_ops:
         lines.append(f"{manifest.folded_ops} op(s) read only constants: computed once at "
                      "compile time and stored as constants (not counted above)")

@@ -71,7 +71,9 @@ the other candidates are fast, a slow one whose first call took ``OUT_OF_RACE`` 
 a fast one's warm-up call is out of the race from the start (``_warm_race``). A slow
 candidate out of the race is rechecked only where something else used the machine
 while it was timed (``timing.elsewhere``: CPU time spent outside this process, a
-VM's steal included); timed on an idle machine, nothing slowed it.
+VM's steal included); timed on an idle machine, nothing slowed it. For the same reason
+a slow candidate whose first ``QUIET_SAMPLES`` calls all ran on an idle machine, the
+fastest ``QUIET_LEAD`` over the best median, is out of the race.
 
 **Deciding.** Each candidate's median and spread (half its interquartile range)
 are recorded. The fastest median wins, except that a candidate earlier in a fixed
@@ -161,6 +163,8 @@ OUT_OF_RACE = 1.5  # after two rounds (slow programs: from their first sample on
                    # timed no more (``_in_race``), but for one block that checks it was not
                    # just disturbed (``_recheck``)
 MARGIN = 0.03     # leads within this fraction are near-ties, settled by ``_ORDER``
+QUIET_LEAD = 0.10  # a slow candidate whose QUIET_SAMPLES undisturbed calls were all this
+QUIET_SAMPLES = 3  # much slower than the best median is out of the race (``_in_race``)
 
 
 def may_measure(target: Target, policy: PlacementPolicy) -> bool:
@@ -613,7 +617,7 @@ def _time_candidates(cands: dict[str, CompiledArtifact], example, target: Target
             _round(mods, timing.rotated(names, r), args, kwargs,
                    sync, samples, settled, quiet=quiet)
             if r >= 1 or slow:
-                names = _in_race(samples, names)
+                names = _in_race(samples, names, {k for k in settled if quiet.get(k)})
             if slow and len(names) == 1 and len(samples[names[0]]) >= _SOLE_SAMPLES:
                 break  # nothing left to compare: the others are rechecked below
         _recheck(mods, names, args, kwargs, sync, samples, settled, quiet)
@@ -671,12 +675,25 @@ def _packs(art) -> bool:
     return manifest is not None and bool((manifest.executor or {}).get("prepack"))
 
 
-def _in_race(samples: dict[str, list], names: list[str]) -> list[str]:
+def _in_race(samples: dict[str, list], names: list[str],
+             quiet: set[str] = frozenset()) -> list[str]:
     """``names`` without the candidates whose fastest call so far is ``OUT_OF_RACE``
     times the best median or slower: noise only makes calls slower, so such a
-    candidate cannot win however often it is timed again. Their samples are kept."""
+    candidate cannot win however often it is timed again. Their samples are kept.
+
+    ``quiet``: slow candidates every call of which ran with the machine otherwise idle
+    (``timing.elsewhere``). Such calls are the program's own time, undisturbed: one
+    with ``QUIET_SAMPLES`` of them, the fastest ``QUIET_LEAD`` over the best median, is
+    out too (ConvNeXt-T at batch 8 timed five candidates of 0.33-0.44 s a call for
+    rounds)."""
     best = min(statistics.median(samples[k]) for k in names)
-    return [k for k in names if min(samples[k]) < OUT_OF_RACE * best]
+
+    def out(k: str) -> bool:
+        fastest = min(samples[k])
+        return fastest >= OUT_OF_RACE * best or (
+            k in quiet and len(samples[k]) >= QUIET_SAMPLES
+            and fastest >= (1 + QUIET_LEAD) * best)
+    return [k for k in names if not out(k)]
 
 
 def _warm_race(mods, settled, samples: dict[str, list], call_s: dict) -> list[str]:

@@ -14,11 +14,14 @@ class Random(torch.nn.Module):
         b = torch.bernoulli(torch.sigmoid(x))
         c = torch.multinomial(probs, 5, replacement=True)
         d = torch.randn_like(x) + torch.rand(4, 64)
-        return a, b, c, torch.tanh(d)
+        # uniform's schema names an operand ``from``, a Python keyword
+        e = torch.ops.aten.uniform(x, -2.0, 3.0) * 2
+        return a, b, c, torch.tanh(d), e
 
 
 RANDOM_OPS = {"aten.native_dropout.default", "aten.bernoulli.default",
-              "aten.multinomial.default", "aten.randn_like.default", "aten.rand.default"}
+              "aten.multinomial.default", "aten.randn_like.default", "aten.rand.default",
+              "aten.uniform.default"}
 
 
 @pytest.mark.parametrize("placement", ["auto", "coverage"])
@@ -42,6 +45,7 @@ def test_random_ops_draw_what_eager_draws(placement):
         for g, w in zip(got[:3], want[:3]):
             assert torch.equal(g, w)
         torch.testing.assert_close(got[3], want[3], rtol=1e-6, atol=1e-6)
+        assert torch.equal(got[4], want[4])
     # and the next call draws anew, as eager does
     torch.manual_seed(3)
     first, second = cm(x, probs)[0], cm(x, probs)[0]

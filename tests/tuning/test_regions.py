@@ -237,6 +237,22 @@ def test_a_slow_candidate_timed_on_an_idle_machine_is_not_rechecked(monkeypatch)
     assert stats["fast"][2] == regions._SOLE_SAMPLES
 
 
+def test_slow_candidates_timed_undisturbed_leave_the_race_at_a_smaller_lead():
+    """A slow candidate with QUIET_SAMPLES calls that all ran on an idle machine, the
+    fastest QUIET_LEAD over the best median, is out of the race; with fewer calls, a
+    smaller lead, or a call that ran beside other work, it stays (OUT_OF_RACE rules)."""
+    from aot.tuning.regions import QUIET_LEAD, QUIET_SAMPLES, _in_race
+
+    best = [326.0, 330.0, 325.0]
+    behind = [v * (1 + QUIET_LEAD) + 1 for v in (330.0, 340.0, 335.0)]
+    near = [v * (1 + QUIET_LEAD / 2) for v in best]
+    samples = {"tiled": best, "iree": behind, "one-thread": near}
+    assert _in_race(samples, list(samples), {"iree", "one-thread"}) == ["tiled", "one-thread"]
+    assert _in_race(samples, list(samples), {"one-thread"}) == list(samples)  # iree disturbed
+    samples["iree"] = behind[:QUIET_SAMPLES - 1]
+    assert _in_race(samples, list(samples), {"iree", "one-thread"}) == list(samples)
+
+
 def test_a_busy_neighbour_shows_as_cpu_time_elsewhere():
     """``timing.elsewhere`` counts the CPU time other processes spend while we wait (the
     signal that decides whether a slow candidate is rechecked), and ``_quiet`` reads a
