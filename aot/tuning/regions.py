@@ -568,33 +568,51 @@ def _time_candidates(cands: dict[str, CompiledArtifact], example, target: Target
     sync = torch.cuda.synchronize if cuda else (lambda: None)
     mods, call_s, warm = {}, {}, {}
     quiet: dict[str, bool] = {}  # a slow candidate timed only while the machine was idle
+    deferred: list[str] = []  # executor variants of a slow per-op artifact, decided later
+
+    def leave_out(name: str, why: str) -> None:
+        log.info("region candidate %s not timed: %s", name, why)
+        if not_timed is not None:
+            not_timed[name] = why
+
+    def warm_up(name: str) -> bool:
+        art = cands[name]
+        try:
+            m = CompiledModule(art)
+            for i in range(_WARMUP if cuda else _WARMUP_CPU):
+                watch = timing.elsewhere()
+                t = time.perf_counter()
+                m(*args, **kwargs)
+                sync()
+                call_s[name] = time.perf_counter() - t  # the last warm-up call's time
+                quiet[name] = _quiet(watch(), call_s[name])
+                warm.setdefault(name, []).append(call_s[name])
+                if not cuda and i + 1 >= _WARMUP_SLOW and call_s[name] >= _SLOW_S \
+                        and not _packs(art):
+                    break
+            mods[name] = m
+            return True
+        except Exception as e:  # a candidate that cannot run is not a candidate
+            log.info("region candidate %s did not run: %s", name, e)
+            return False
+
     with torch.no_grad():
         # the per-op artifact's executor variants last: where it is slow and far out of
-        # the race, they are not run at all (``_sibling_out``)
+        # the race, they are not run at all (``_sibling_out``); where it is slow and
+        # might be in it, they wait for the race's first round, which measures the
+        # others better than one warm-up call each
         for name in sorted(cands, key=lambda k: k in _SIBLINGS):
-            art = cands[name]
-            why = _sibling_out(name, cands, warm, call_s)
-            if why:
-                log.info("region candidate %s not timed: %s", name, why)
-                if not_timed is not None:
-                    not_timed[name] = why
-                continue
-            try:
-                m = CompiledModule(art)
-                for i in range(_WARMUP if cuda else _WARMUP_CPU):
-                    watch = timing.elsewhere()
-                    t = time.perf_counter()
-                    m(*args, **kwargs)
-                    sync()
-                    call_s[name] = time.perf_counter() - t  # the last warm-up call's time
-                    quiet[name] = _quiet(watch(), call_s[name])
-                    warm.setdefault(name, []).append(call_s[name])
-                    if not cuda and i + 1 >= _WARMUP_SLOW and call_s[name] >= _SLOW_S \
-                            and not _packs(art):
-                        break
-                mods[name] = m
-            except Exception as e:  # a candidate that cannot run is not a candidate
-                log.info("region candidate %s did not run: %s", name, e)
+            parent = _SIBLINGS.get(name)
+            if parent in warm and not cuda:
+                others = [s for k, s in call_s.items() if k != parent and k not in _SIBLINGS]
+                why = _sibling_out(name, cands, warm[parent], min(others, default=None))
+                if why:
+                    leave_out(name, why)
+                    continue
+                if min(warm[parent]) >= _SLOW_S and others:
+                    deferred.append(name)
+                    continue
+            warm_up(name)
         samples: dict[str, list] = {k: [] for k in mods}
         rounds = max(1, RUNS // _BLOCK)
         if mods:  # fast programs: more rounds (medians of a few calls of 0.1 ms are noise)
@@ -616,6 +634,20 @@ def _time_candidates(cands: dict[str, CompiledArtifact], example, target: Target
                 break
             _round(mods, timing.rotated(names, r), args, kwargs,
                    sync, samples, settled, quiet=quiet)
+            for name in deferred:  # the per-op artifact's executor variants, now decided
+                parent = _SIBLINGS[name]
+                best = min(statistics.median(samples[k]) for k in names) / 1e3
+                ran = warm[parent] + [v / 1e3 for v in samples[parent]]
+                why = _sibling_out(name, cands, ran, best)
+                if why:
+                    leave_out(name, why)
+                elif warm_up(name):
+                    samples[name] = [call_s[name] * 1e3] if call_s[name] >= _SLOW_S else []
+                    if call_s[name] >= _SLOW_S:
+                        settled.add(name)
+                    names.append(name)
+                    slow = settled == set(mods)
+            deferred = []
             if r >= 1 or slow:
                 names = _in_race(samples, names, {k for k in settled if quiet.get(k)})
             if slow and len(names) == 1 and len(samples[names[0]]) >= _SOLE_SAMPLES:
@@ -644,29 +676,27 @@ _SIBLINGS = {"iree-sync": "iree", "iree-one-thread": "iree"}
 _SIBLING_GAIN_MS = 2.0
 
 
-def _sibling_out(name: str, cands: dict, warm: dict, call_s: dict) -> str | None:
+def _sibling_out(name: str, cands: dict, parent_s: list[float], best_s: float | None
+                 ) -> str | None:
     """Why executor variant ``name`` need not run, or None: its parent (the per-op
-    artifact) is slow (``_SLOW_S``), and even its fastest warm-up call, less the most its
-    kernel calls' hand-offs can cost (``_SIBLING_GAIN_MS`` each), are ``OUT_OF_RACE``
-    times another candidate's call or slower. The sibling runs the same code and the
-    same kernel calls on other threads, so it cannot come within the race either;
-    timing it would cost seconds of calls. Fast programs run every sibling: there the
-    hand-offs can be most of a call."""
-    parent = _SIBLINGS.get(name)
-    if parent not in warm:
-        return None
-    others = [s for k, s in call_s.items() if k != parent and k not in _SIBLINGS]
-    if not others:
+    artifact), whose calls took ``parent_s`` seconds, is slow (``_SLOW_S``), and even its
+    fastest call, less the most its kernel calls' hand-offs can cost
+    (``_SIBLING_GAIN_MS`` each), is ``OUT_OF_RACE`` times ``best_s`` (the fastest other
+    candidate's call, or median once the race has run a round) or slower. The sibling
+    runs the same code and the same kernel calls on other threads, so it cannot come
+    within the race either; timing it would cost seconds of calls. Fast programs run
+    every sibling: there the hand-offs can be most of a call."""
+    parent = _SIBLINGS[name]
+    if best_s is None:
         return None
     calls = len(cands[parent].manifest.kernel_calls)
-    floor = min(warm[parent]) - calls * _SIBLING_GAIN_MS / 1e3
-    best = min(others)
-    if min(warm[parent]) < _SLOW_S or floor < OUT_OF_RACE * best:
+    floor = min(parent_s) - calls * _SIBLING_GAIN_MS / 1e3
+    if min(parent_s) < _SLOW_S or floor < OUT_OF_RACE * best_s:
         return None
-    return (f"{parent} took {min(warm[parent]) * 1e3:.1f} ms a call, and even without the "
+    return (f"{parent} took {min(parent_s) * 1e3:.1f} ms a call, and even without the "
             f"{calls} kernel calls' hand-offs ({_SIBLING_GAIN_MS} ms each at most) "
-            f"{floor * 1e3:.1f} ms, {floor / best:.1f}x the fastest candidate's "
-            f"{best * 1e3:.1f} ms: {name} runs the same code")
+            f"{floor * 1e3:.1f} ms, {floor / best_s:.1f}x the fastest candidate's "
+            f"{best_s * 1e3:.1f} ms: {name} runs the same code")
 
 
 def _packs(art) -> bool:

@@ -324,6 +324,38 @@ def test_executor_variants_of_a_slow_per_op_artifact_far_out_of_the_race_are_not
     assert set(stats) == set(ms) and not not_timed and calls["iree-sync"] >= regions._WARMUP_CPU
 
 
+def test_executor_variants_wait_for_a_round_where_one_warm_up_call_cannot_decide(monkeypatch):
+    """Where the other candidates' one warm-up call leaves a slow per-op artifact within
+    reach (a first call slowed by something else), its executor variants are decided
+    after the race's first round, on medians: out of the race by then, they never run."""
+    from aot.tuning import regions
+    from aot.backend.targets import get_target
+
+    monkeypatch.setattr(regions, "_SLOW_S", 0.01)
+    monkeypatch.setattr(regions.timing, "elsewhere", lambda: lambda: 1.0)
+    ms = {"iree": [60.0], "iree-sync": [58.0], "iree-one-thread": [59.0],
+          "aten": [45.0, 20.0]}  # aten's first call slowed, then its own 20 ms
+    calls = {k: 0 for k in ms}
+
+    class Module:
+        def __init__(self, name):
+            self.name = str(name)
+
+        def __call__(self, *args, **kwargs):
+            seq = ms[self.name]
+            time.sleep(seq[min(calls[self.name], len(seq) - 1)] / 1e3)
+            calls[self.name] += 1
+
+        def close(self):
+            pass
+    monkeypatch.setattr(regions, "CompiledModule", Module)
+    not_timed = {}
+    stats = regions._time_candidates({k: _Cand(k, calls=3) for k in ms}, ((), {}),
+                                     get_target("cpu"), not_timed)
+    assert set(stats) == {"iree", "aten"} and calls["iree-sync"] == calls["iree-one-thread"] == 0
+    assert set(not_timed) == {"iree-sync", "iree-one-thread"}
+
+
 def test_a_dropped_candidate_that_runs_fast_again_is_measured_anew():
     """A candidate a burst of other work slowed in its first rounds is dropped, then
     rechecked with one block (one call where calls are slow): running fast again, its
