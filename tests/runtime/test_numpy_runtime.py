@@ -18,11 +18,12 @@ import aot
 
 
 class Mixed(torch.nn.Module):
-    """float and int64 inputs, a static float, a dict/list output with a bool leaf."""
+    """float and int64 inputs, a static float, a dict/list output with a bool leaf; an
+    embedding table large enough to be an IREE parameter the runtime serves."""
 
     def __init__(self):
         super().__init__()
-        self.emb = torch.nn.Embedding(10, 4)
+        self.emb = torch.nn.Embedding(300, 4)
         self.lin = torch.nn.Linear(4, 3)
 
     def forward(self, x, ids, scale: float = 2.0):
@@ -41,6 +42,7 @@ def mixed_artifact(tmp_path_factory):
     path = str(tmp_path_factory.mktemp("numpy") / "mixed.aot")
     c = aot.compile(m, (x, ids, 2.0), placement="coverage")
     assert not c.kernel_calls  # all compiled: what the torch-free runtime runs
+    assert c.manifest.parameters  # ...reading its embedding table as a parameter
     c.save(path)
     return path, c
 
