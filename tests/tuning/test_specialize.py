@@ -14,7 +14,7 @@ from torch.export import Dim
 import aot
 from aot.artifact import CompiledArtifact
 from aot.errors import ArtifactError
-from aot.importer.fx_import import import_graphs, stateless_graph
+from aot.importer.fx_import import Parameters, import_graphs, stateless_graph
 from aot.tuning.specialize import AT_EXAMPLE
 from aot.models.custom_op import custom_op_model
 
@@ -120,3 +120,19 @@ def test_functions_of_one_module_share_equal_weights():
     blobs = lambda text: text.split("dialect_resources")[1].count(': "0x')
     assert blobs(two) == blobs(one) > 0
     assert two.count("func.func") == 2
+    # as IREE parameters: each weight one parameter, read by both functions, though each
+    # graph holds tensors of its own (separately prepared programs)
+    alone, both = Parameters(by_contents=True), Parameters(by_contents=True)
+    import_graphs({"main": stateless_graph(ep)}, alone)
+    ep2 = torch.export.export(Block().eval(), (torch.randn(2, 16, 32),))
+    ep2.state_dict.update({k: v.clone() for k, v in ep.state_dict.items()})
+    text = str(import_graphs({"main": stateless_graph(ep), "other": stateless_graph(ep2)}, both))
+    assert len(both.tensors) == len(alone.tensors) > 0
+    assert text.count("#stream.parameter.named") == len(both.tensors)
+
+
+def test_the_specialised_module_reads_each_weight_once(specialized):
+    _, cm = specialized
+    params = cm.manifest.parameters
+    assert len(params) == 2  # fc1's and fc2's weights (the biases are small: inline)
+    assert sorted(d["shape"] for d in params.values()) == [[32, 64], [64, 32]]
