@@ -19,6 +19,7 @@ import pytest
 import torch
 
 import aot
+from one_function import Fn
 
 I64 = torch.iinfo(torch.int64)
 I32 = torch.iinfo(torch.int32)
@@ -36,15 +37,6 @@ def _floats():
     return torch.tensor([0.0, -0.0, 1.0, -1.0, F32.max, -F32.max, F32.tiny, -F32.tiny,
                          1e-40, -1e-40, float("inf"), float("-inf"), float("nan"), 1e30,
                          -1e30, 16777217.0, 0.5, 2.5, -2.5, 3.0], dtype=torch.float32)
-
-
-class Fn(torch.nn.Module):
-    def __init__(self, fn):
-        super().__init__()
-        self.fn = fn
-
-    def forward(self, *xs):
-        return self.fn(*xs)
 
 
 @contextlib.contextmanager

@@ -10,17 +10,9 @@ import pytest
 import torch
 
 import aot
+from one_function import Fn
 
 MODES = ("auto", "all")
-
-
-class Fn(torch.nn.Module):
-    def __init__(self, fn):
-        super().__init__()
-        self.fn = fn
-
-    def forward(self, *args):
-        return self.fn(*args)
 
 
 def _close(got, want, mode):
