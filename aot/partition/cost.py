@@ -51,8 +51,12 @@ _RUNS_LONG = 3
 
 @dataclass(frozen=True)
 class Cost:
+    """An op's median times alone: ATen's kernel, IREE's code, and (CPU linears and
+    convolutions) the prepacked kernel the ``aten-prepacked`` region runs
+    (``aot.fallback.prepack``; None where not measured)."""
     aten_ms: float | None
     iree_ms: float | None
+    packed_ms: float | None = None
 
     @property
     def aten_wins(self) -> bool:
@@ -80,25 +84,46 @@ class Floor:
     """What the heavy ops measured alone (``measure_nodes``) take, summed over a
     program's heavy nodes: ``compiled_ms``, the least any plan that compiles the
     program can spend on them (each op IREE's code, or ATen's kernel plus its hand-off
-    where that is less); ``aten_ms``, ATen's kernels alone; ``ops``, how many."""
+    where that is less); ``aten_ms``, ATen's kernels alone; ``ops``, how many.
+
+    ``any_executor_ms`` is ``compiled_ms`` without the hand-offs (what a plan running its
+    kernel calls on the calling thread spends at least), and ``packed_ms`` the least
+    the prepacked ATen region spends: each linear and convolution at the faster of its
+    plain and prepacked kernel, a matrix product nothing (the region may fuse it into
+    one attention kernel), every other heavy op at ATen's time."""
     compiled_ms: float
     aten_ms: float
     ops: int
+    any_executor_ms: float = 0.0
+    packed_ms: float = 0.0
 
 
 def compiled_floor(nodes: list[torch.fx.Node], target: Target, cache: CostCache) -> Floor | None:
     """The ``Floor`` of ``nodes`` (the heavy ones) from their cached costs, or None where
     none has one. A node without a measured cost adds nothing: the floor stays a floor."""
-    handoff, compiled, aten, ops = handoff_ms(target), 0.0, 0.0, 0
+    handoff, compiled, unhanded, aten, packed, ops = handoff_ms(target), 0.0, 0.0, 0.0, 0.0, 0
     for n in nodes:
         c = cache.get(op_signature(n))
         if c is None or c.aten_ms is None:
             continue
-        called = c.aten_ms + CROSSING_MS + handoff
-        compiled += called if c.iree_ms is None else min(c.iree_ms, called)
+        called = c.aten_ms + CROSSING_MS
+        compiled += called + handoff if c.iree_ms is None else min(c.iree_ms, called + handoff)
+        unhanded += called if c.iree_ms is None else min(c.iree_ms, called)
         aten += c.aten_ms
+        if n.target in _PACKED_OPS:
+            packed += 0.0 if c.packed_ms is None else min(c.packed_ms, c.aten_ms)
+        elif n.target not in _FUSABLE_PRODUCTS:
+            packed += c.aten_ms
         ops += 1
-    return Floor(compiled, aten, ops) if ops else None
+    return Floor(compiled, aten, ops, unhanded, packed) if ops else None
+
+
+_aten = torch.ops.aten
+# the ops the prepacked region runs on packed weights, and the matrix products it may
+# fuse into one attention kernel (``aot.fallback.prepack``)
+_PACKED_OPS = {_aten.linear.default, _aten.conv2d.default, _aten.convolution.default}
+_FUSABLE_PRODUCTS = {_aten.matmul.default, _aten.bmm.default, _aten.mm.default,
+                     _aten.baddbmm.default, _aten.addmm.default}
 
 
 # how the reason of a placement decided by measurement begins
@@ -127,10 +152,14 @@ class CostCache(JsonCache):
 
     def get(self, sig: str) -> Cost | None:
         d = self.data.get(sig)
-        return Cost(d["aten_ms"], d["iree_ms"]) if d else None
+        return Cost(d["aten_ms"], d["iree_ms"], d.get("packed_ms")) if d else None
 
     def put(self, sig: str, cost: Cost) -> None:
-        self.update({sig: {"aten_ms": cost.aten_ms, "iree_ms": cost.iree_ms}})
+        self.put_all({sig: cost})
+
+    def put_all(self, costs: dict[str, Cost]) -> None:
+        self.update({s: {"aten_ms": c.aten_ms, "iree_ms": c.iree_ms, "packed_ms": c.packed_ms}
+                     for s, c in costs.items()})
 
 
 def _real(val, device):
@@ -387,6 +416,50 @@ def _aten_ms(node: torch.fx.Node, device: str) -> float:
         return _median_ms(aten)
 
 
+def _packed_ms(node: torch.fx.Node) -> float | None:
+    """The CPU time of a float32 linear or 2-D convolution as the prepacked region runs
+    it (``aot.fallback.prepack``: MKL's packed linear, oneDNN's convolution on a
+    reordered weight and a channels-last input), or None where it packs no such op (a
+    convolution of a 1x1 input runs as ``addmm`` there)."""
+    from ..fallback.prepack import _mkl_linear_available, available
+    vals = map_aggregate(node.args, lambda a: a.meta.get("val") if isinstance(a, torch.fx.Node) else a)
+    if any(isinstance(v, torch.Tensor) and v.dtype != torch.float32 for v in vals[:3]) \
+            or node.kwargs or len(vals) < 2:
+        return None
+    x, w, b = [_real(v, "cpu") if isinstance(v, torch.Tensor) else v
+               for v in (list(vals) + [None])[:3]]
+    if node.target is _aten.linear.default and w.dim() == 2 and _mkl_linear_available():
+        batch = x.numel() // x.shape[-1]
+        packed = torch.ops.mkl._mkl_reorder_linear_weight(w, batch)
+
+        def fn():
+            torch.ops.mkl._mkl_linear(x, packed, w, b, batch)
+    elif node.target in (_aten.conv2d.default, _aten.convolution.default) and available() \
+            and w.dim() == 4 and x.dim() == 4 and tuple(x.shape[2:]) != (1, 1):
+        if node.target is _aten.conv2d.default:
+            stride, padding, dilation, groups = [vals[i] if len(vals) > i else d for i, d in
+                                                 ((3, [1]), (4, [0]), (5, [1]), (6, 1))]
+        else:
+            stride, padding, dilation, transposed, _, groups = vals[3:9]
+            if transposed:
+                return None
+        if isinstance(padding, str):
+            return None
+        stride, padding, dilation = ([int(v) for v in a] * (2 if len(a) == 1 else 1)
+                                     for a in (stride, padding, dilation))
+        x = x.contiguous(memory_format=torch.channels_last)
+        packed = torch.ops.mkldnn._reorder_convolution_weight(
+            w, padding, stride, dilation, int(groups), list(x.shape))
+
+        def fn():
+            torch.ops.mkldnn._convolution_pointwise(x, packed, b, padding, stride, dilation,
+                                                    int(groups), "none", [], "")
+    else:
+        return None
+    with torch.no_grad():
+        return _median_ms(fn)
+
+
 def _compiled_form(graph: torch.fx.Graph, target: Target) -> torch.fx.Graph:
     """The one-op graph as the partitioner compiles it for ``target`` (``compiled_forms``:
     a convolution IREE runs badly becomes a matmul, shifted multiply-adds or a named
@@ -426,10 +499,15 @@ def measure_nodes(nodes: list[torch.fx.Node], target: Target, cache: CostCache,
         return out
     step("measuring %d heavy op signatures alone in ATen and IREE (once per machine, "
          "then cached)", len(todo))
-    aten, graphs = {}, {}
+    aten, packed, graphs = {}, {}, {}
     for sig, n in todo.items():
         try:
             aten[sig] = _aten_ms(n, device)
+            if device == "cpu":
+                try:
+                    packed[sig] = _packed_ms(n)
+                except Exception as e:  # the floor counts nothing for it
+                    log.info("could not measure %s prepacked: %s", sig, e)
             if sig not in ready:
                 graphs[sig] = _compiled_form(_probe_graph(n), target)
         except Exception as e:  # measuring is best effort: keep the op compiled
@@ -441,9 +519,11 @@ def measure_nodes(nodes: list[torch.fx.Node], target: Target, cache: CostCache,
         log.info("could not measure IREE's side of %d ops: %s", len(graphs) + len(ready), e)
     fresh = {}
     for sig in todo:
-        cost = Cost(aten.get(sig), iree.get(sig)) if sig in aten else Cost(None, None)
-        log.info("measured %s: ATen %s ms, IREE %s ms", sig, cost.aten_ms, cost.iree_ms)
+        cost = Cost(aten.get(sig), iree.get(sig), packed.get(sig)) if sig in aten \
+            else Cost(None, None)
+        log.info("measured %s: ATen %s ms, IREE %s ms, prepacked %s ms", sig, cost.aten_ms,
+                 cost.iree_ms, cost.packed_ms)
         fresh[sig] = cost
-    cache.update({s: {"aten_ms": c.aten_ms, "iree_ms": c.iree_ms} for s, c in fresh.items()})
+    cache.put_all(fresh)
     out.update(fresh)
     return out

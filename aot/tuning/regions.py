@@ -62,9 +62,9 @@ steady state, close to the candidate's time run alone. A candidate whose call ta
 ``_SLOW_S`` or more has no untimed call before its blocks, and the last of its
 warm-up calls sizes the rounds instead of one more probe call: a thread settling
 for a millisecond is lost in such a call, while untimed calls of a slow program
-would be a large share of the compile time. Its blocks are ``_BLOCK_SLOW`` calls,
-since the first two rounds (which every candidate runs) dominate a slow program's
-timing. Such a candidate's warm-up is its first call alone where nothing is packed
+would be a large share of the compile time. Its blocks are ``_BLOCK_SLOW`` calls
+(one), since the first rounds (which every candidate runs) dominate a slow program's
+timing and the race is judged after each. Such a candidate's warm-up is its first call alone where nothing is packed
 on it (``_WARMUP_SLOW``), and once it is the only one left in the race it is timed to
 ``_SOLE_SAMPLES`` samples, not for every round: the others' rechecks decide. Where
 the other candidates are fast, a slow one whose first call took ``OUT_OF_RACE`` times
@@ -75,6 +75,13 @@ VM's steal included); timed on an idle machine, nothing slowed it. For the same 
 a slow candidate whose first ``QUIET_SAMPLES`` calls all ran on an idle machine, the
 fastest ``QUIET_LEAD`` over the best median, is out of the race.
 
+**Floors.** A slow candidate need not run at all where the program's heavy ops, each
+measured alone on this machine (``aot.partition.cost``), take ``FLOOR_MARGIN`` times a
+call already measured or longer in the form that candidate runs them (ATen's kernels,
+the prepacked ones, or the faster of IREE's code and a kernel call): noise only slows
+calls, so it cannot win. Candidates are warmed up from the one with no floor (a
+data-tiled variant) to the highest floor, so the likely fastest sets the bar first.
+
 **Deciding.** Each candidate's median and spread (half its interquartile range)
 are recorded. The fastest median wins, except that a candidate earlier in a fixed
 order (the per-op placement first, then the simpler regions) is kept when the
@@ -83,7 +90,8 @@ every compile. Noise never protects a candidate: every candidate that might stil
 be the fastest (a lead over it within two standard errors of the difference of the
 medians, estimated from the spreads and sample counts, or a spread over ``NOISY``
 of its median with a median within its spread of the fastest) is measured again,
-rotating, for up to ``EXTRA_S``; if the order is still unclear after that, the
+rotating, for up to ``EXTRA_S`` (a slow program: ``_EXTRA_SLOW_ROUNDS`` rounds at
+most, each a fraction of a second per candidate); if the order is still unclear after that, the
 faster median wins and the region entry names the pair as ``"undecided"``. So the
 choice's median is never more than ``MARGIN`` above the fastest measured. (A rule
 such as "win by more than both spreads" would let one noisy measurement of the
@@ -130,7 +138,8 @@ from ..importer.program import ImportedProgram
 from .. import timing
 from ..progress import step
 from ..runtime.module import CompiledModule
-from ..partition.cost import MIN_FLOPS, Floor, machine_key
+from ..partition.cost import MIN_FLOPS, CostCache, Floor, compiled_floor, machine_key
+from ..partition.decisions import heavy_nodes
 from ..partition.flops import node_flops
 from ..errors import UnsupportedOp
 from ..partition.placement import KERNEL_CALL, Placement, PlacementPolicy
@@ -154,7 +163,7 @@ _SOLE_SAMPLES = 3  # a slow program's sole candidate left in the race: timed to 
 _SLOW_S = 0.1     # a candidate whose call takes this long times its blocks without an
                   # untimed call first, its last warm-up call its first sample
 _BLOCK = 3        # timed calls per candidate per round, after untimed ones (``_WARM_S``)
-_BLOCK_SLOW = 2   # ...for a candidate whose call takes ``_SLOW_S`` or more
+_BLOCK_SLOW = 1   # ...for a candidate whose call takes ``_SLOW_S`` or more
 _WARM_S = 0.005   # untimed calls per block, at least this long: steady state again
 EXTRA_S = 3.0     # at most this much more for the contenders whose order is not yet clear
 NOISY = 0.10      # a spread (half IQR) over this fraction of a median is a noisy measurement
@@ -164,7 +173,8 @@ OUT_OF_RACE = 1.5  # after two rounds (slow programs: from their first sample on
                    # just disturbed (``_recheck``)
 MARGIN = 0.03     # leads within this fraction are near-ties, settled by ``_ORDER``
 QUIET_LEAD = 0.10  # a slow candidate whose QUIET_SAMPLES undisturbed calls were all this
-QUIET_SAMPLES = 3  # much slower than the best median is out of the race (``_in_race``)
+QUIET_SAMPLES = 2  # much slower than the best median is out of the race (``_in_race``)
+_EXTRA_SLOW_ROUNDS = 3  # rounds of measuring again at most, where every contender is slow
 
 
 def may_measure(target: Target, policy: PlacementPolicy) -> bool:
@@ -232,8 +242,9 @@ def choose_region(per_op: CompiledArtifact, imported: ImportedProgram, target: T
         step("timing %d candidates end to end on the example (%s), a few seconds",
              len(cands), ", ".join(cands))
         not_timed: dict[str, str] = {}
-        stats = _time_candidates(cands, example, target, not_timed)
-        if "iree" not in stats:
+        stats = _time_candidates(cands, example, target, not_timed,
+                                 _floors(imported, target, cands))
+        if "iree" not in stats and "iree" not in not_timed:
             return per_op
         measured = [_sizes_of(imported, None)]
         region = _decide(stats)
@@ -272,6 +283,27 @@ def choose_region(per_op: CompiledArtifact, imported: ImportedProgram, target: T
 
 
 FLOOR_MARGIN = 1.25  # the fastest ATen region under 1/this of the compiled floor: not compiled
+# (and a slow candidate whose floor is this many times a measured call: not timed)
+
+# which of a program's heavy-op floors (``cost.Floor``) bounds each candidate below
+_FLOOR_OF = {"iree": "any_executor_ms", "iree-sync": "any_executor_ms",
+             "iree-one-thread": "any_executor_ms", "iree-coverage": "any_executor_ms",
+             "aten": "aten_ms", "aten-prepacked": "packed_ms"}
+
+
+def _floors(imported: ImportedProgram, target: Target, cands: dict) -> dict[str, float]:
+    """``{candidate: ms}``: the least each candidate can spend on the program's heavy ops,
+    from their costs measured alone (``cost.compiled_floor``), for those whose floor is
+    a slow call (``_SLOW_S``) or more. A data-tiled variant has none (the per-op costs do
+    not measure tiled matmuls), nor has a dynamic program (its costs are at the sizes'
+    hints) or a GPU target."""
+    if imported.symbols or not target.driver.startswith("local"):
+        return {}
+    floor = compiled_floor(heavy_nodes(imported.exported), target, CostCache(target))
+    if floor is None:
+        return {}
+    out = {k: getattr(floor, _FLOOR_OF[k]) for k in cands if k in _FLOOR_OF}
+    return {k: v for k, v in out.items() if v >= _SLOW_S * 1e3}
 
 
 def aten_far_ahead(imported: ImportedProgram, target: Target, policy: PlacementPolicy,
@@ -556,13 +588,19 @@ def _on_device(example, target: Target):
 
 
 def _time_candidates(cands: dict[str, CompiledArtifact], example, target: Target,
-                     not_timed: dict | None = None) -> dict:
+                     not_timed: dict | None = None, floors: dict | None = None) -> dict:
     """``{candidate: (median ms, spread ms, runs)}`` for every candidate that ran;
-    ``not_timed`` gets ``{candidate: why}`` for those left out (``_sibling_out``).
+    ``not_timed`` gets ``{candidate: why}`` for those left out (``_sibling_out``,
+    ``_floor_out``).
 
     Blocks of ``_BLOCK`` timed calls per candidate per round, after untimed calls
     for ``_WARM_S``; the order rotates every round so drifts hit all alike.
+
+    ``floors``: ``{candidate: ms}`` its heavy ops take at least (``_floors``). Those
+    without one are warmed up first, then the others from the lowest floor up, and one
+    whose floor is ``FLOOR_MARGIN`` times a call already measured or more is not run.
     """
+    floors = floors or {}
     args, kwargs = _on_device(example, target)
     cuda = not target.driver.startswith("local")
     sync = torch.cuda.synchronize if cuda else (lambda: None)
@@ -601,7 +639,11 @@ def _time_candidates(cands: dict[str, CompiledArtifact], example, target: Target
         # the race, they are not run at all (``_sibling_out``); where it is slow and
         # might be in it, they wait for the race's first round, which measures the
         # others better than one warm-up call each
-        for name in sorted(cands, key=lambda k: k in _SIBLINGS):
+        for name in sorted(cands, key=lambda k: (k in _SIBLINGS, floors.get(k, -1.0))):
+            why = _floor_out(name, floors, call_s, mods)
+            if why:
+                leave_out(name, why)
+                continue
             parent = _SIBLINGS.get(name)
             if parent in warm and not cuda:
                 others = [s for k, s in call_s.items() if k != parent and k not in _SIBLINGS]
@@ -638,7 +680,8 @@ def _time_candidates(cands: dict[str, CompiledArtifact], example, target: Target
                 parent = _SIBLINGS[name]
                 best = min(statistics.median(samples[k]) for k in names) / 1e3
                 ran = warm[parent] + [v / 1e3 for v in samples[parent]]
-                why = _sibling_out(name, cands, ran, best)
+                why = _sibling_out(name, cands, ran, best) or \
+                    _floor_out(name, floors, call_s, mods)
                 if why:
                     leave_out(name, why)
                 elif warm_up(name):
@@ -659,7 +702,8 @@ def _time_candidates(cands: dict[str, CompiledArtifact], example, target: Target
         deadline = time.perf_counter() + EXTRA_S
         todo, r = _remeasure(_stats(samples)), 0
         while todo and time.perf_counter() < deadline and \
-                max(len(samples[k]) for k in todo) < _MAX_RUNS:
+                max(len(samples[k]) for k in todo) < _MAX_RUNS and \
+                not (r >= _EXTRA_SLOW_ROUNDS and settled.issuperset(todo)):
             _round(mods, timing.rotated(todo, r), args, kwargs, sync,
                    samples, settled, quiet=quiet)
             r += 1
@@ -697,6 +741,21 @@ def _sibling_out(name: str, cands: dict, parent_s: list[float], best_s: float | 
             f"{calls} kernel calls' hand-offs ({_SIBLING_GAIN_MS} ms each at most) "
             f"{floor * 1e3:.1f} ms, {floor / best_s:.1f}x the fastest candidate's "
             f"{best_s * 1e3:.1f} ms: {name} runs the same code")
+
+
+def _floor_out(name: str, floors: dict, call_s: dict, ran) -> str | None:
+    """Why candidate ``name`` need not run, or None: its heavy ops alone take
+    ``FLOOR_MARGIN`` times the fastest call measured so far (of the candidates ``ran``)
+    or longer (``floors``), so it cannot win however it runs the rest. Noise only slows
+    calls: the measured call is at least the true time of its candidate."""
+    floor = floors.get(name)
+    best = min((call_s[k] for k in ran), default=None)
+    if floor is None or best is None or floor < FLOOR_MARGIN * best * 1e3:
+        return None
+    fastest = min(ran, key=lambda k: call_s[k])
+    return (f"its heavy ops alone take at least {floor:.1f} ms (each measured alone on this "
+            f"machine), {floor / (best * 1e3):.2f}x the {best * 1e3:.1f} ms call of "
+            f"{fastest}")
 
 
 def _packs(art) -> bool:

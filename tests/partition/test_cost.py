@@ -2,6 +2,8 @@
 
 import threading
 
+import pytest
+
 import torch
 
 from aot.partition import cost
@@ -149,3 +151,29 @@ def test_the_prefetch_splits_its_signatures_into_modules_compiled_side_by_side(t
                                prefetch)
     assert set(costs) == set(prefetch.sigs)
     assert all(c.aten_ms > 0 and c.iree_ms > 0 for c in costs.values())
+
+
+def test_linears_and_convolutions_are_also_timed_as_the_prepacked_region_runs_them():
+    """``cost._packed_ms``: MKL's packed linear and oneDNN's convolution on a reordered
+    weight time as real kernels; a convolution of a 1x1 input (``addmm`` in that region)
+    and other ops have no prepacked time."""
+    from aot.fallback import prepack
+
+    class M(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv = torch.nn.Conv2d(8, 16, 3, stride=2, padding=1)
+            self.dw = torch.nn.Conv2d(16, 16, 3, groups=16)
+            self.point = torch.nn.Conv2d(16, 4, 1)
+            self.fc = torch.nn.Linear(16, 32)
+
+        def forward(self, x):
+            y = self.dw(self.conv(x))
+            z = self.point(y.mean((2, 3), keepdim=True))
+            return self.fc(y.mean((2, 3))), torch.relu(z)
+    ep = torch.export.export(M(), (torch.randn(2, 8, 32, 32),))
+    times = {n.name: cost._packed_ms(n) for n in ep.graph.nodes if n.op == "call_function"}
+    if not prepack.available():
+        pytest.skip("this torch build has no oneDNN prepacked kernels")
+    assert times["conv2d"] > 0 and times["conv2d_1"] > 0 and times["linear"] > 0
+    assert times["conv2d_2"] is None and times["relu"] is None

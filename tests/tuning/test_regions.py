@@ -324,6 +324,34 @@ def test_executor_variants_of_a_slow_per_op_artifact_far_out_of_the_race_are_not
     assert set(stats) == set(ms) and not not_timed and calls["iree-sync"] >= regions._WARMUP_CPU
 
 
+def test_a_slow_candidate_whose_heavy_ops_alone_outlast_a_measured_call_is_not_run(monkeypatch):
+    """A candidate with a floor (its heavy ops measured alone) of FLOOR_MARGIN times a
+    call already measured or more cannot win and is not run; the region says why. The
+    candidate without a floor (a data-tiled variant) is warmed up first, the others from
+    the lowest floor up; one whose floor is within reach runs as before (ViT-B/16 at
+    batch 8 spent 5 s on three candidates of 1.4-2.0 s a call behind one of 0.9 s)."""
+    from aot.tuning import regions
+    from aot.backend.targets import get_target
+
+    monkeypatch.setattr(regions, "_SLOW_S", 0.01)
+    ms = {"aten": 16.0, "iree": 30.0, "iree-tiled": 12.0}
+    calls = {k: 0 for k in ms}
+    order = []
+    _fake_modules(monkeypatch, regions, ms, calls)
+    real = regions.CompiledModule
+    monkeypatch.setattr(regions, "CompiledModule", lambda name: order.append(str(name)) or real(name))
+    floors = {"iree": 12.0 * regions.FLOOR_MARGIN + 1.0, "aten": 12.0 * regions.FLOOR_MARGIN - 2.0}
+    not_timed = {}
+    stats = regions._time_candidates({k: _Cand(k) for k in ms}, ((), {}), get_target("cpu"),
+                                     not_timed, floors)
+    assert order == ["iree-tiled", "aten"] and calls["iree"] == 0
+    assert set(stats) == {"iree-tiled", "aten"} and set(not_timed) == {"iree"}
+    assert "heavy ops alone take at least" in not_timed["iree"] and "iree-tiled" in not_timed["iree"]
+    # without floors, every candidate runs
+    stats = regions._time_candidates({k: _Cand(k) for k in ms}, ((), {}), get_target("cpu"))
+    assert set(stats) == set(ms)
+
+
 def test_executor_variants_wait_for_a_round_where_one_warm_up_call_cannot_decide(monkeypatch):
     """Where the other candidates' one warm-up call leaves a slow per-op artifact within
     reach (a first call slowed by something else), its executor variants are decided
@@ -496,3 +524,12 @@ def test_the_compiled_floor_is_each_heavy_op_at_the_cheaper_of_iree_and_a_kernel
     assert floor.compiled_ms == pytest.approx(1.0 + call + 2.0)
     cache.put(op_signature(nodes[1]), Cost(1.0, None))  # IREE could not be measured
     assert compiled_floor(nodes, target, cache).compiled_ms == pytest.approx(2 * (1.0 + call))
+    # without the hand-offs (kernel calls on the calling thread), and the prepacked
+    # region's floor: each convolution at the faster of its kernels, 0 where unmeasured
+    cache.put(op_signature(nodes[0]), Cost(1.0, 5.0, 0.5))
+    cache.put(op_signature(nodes[1]), Cost(4.0, 2.0, 6.0))
+    floor = compiled_floor(nodes, target, cache)
+    assert floor.any_executor_ms == pytest.approx(1.0 + CROSSING_MS + 2.0)
+    assert floor.packed_ms == pytest.approx(0.5 + 4.0)
+    cache.put(op_signature(nodes[1]), Cost(4.0, 2.0))
+    assert compiled_floor(nodes, target, cache).packed_ms == pytest.approx(0.5)
