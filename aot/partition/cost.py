@@ -12,6 +12,7 @@ and flags, like coverage verdicts: measured once, not guessed.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import platform
@@ -29,7 +30,7 @@ from .. import timing
 from ..progress import step
 from ..backend.targets import Target
 
-__all__ = ["Cost", "CostCache", "measure_nodes", "measure_decomposed", "start_prefetch",
+__all__ = ["Cost", "CostCache", "measure_nodes", "measure_packed", "measure_decomposed", "start_prefetch",
            "Prefetch", "MIN_FLOPS", "CROSSING_MS", "HANDOFF_MS", "handoff_ms", "Floor",
            "compiled_floor"]
 log = logging.getLogger(__name__)
@@ -416,6 +417,34 @@ def _aten_ms(node: torch.fx.Node, device: str) -> float:
         return _median_ms(aten)
 
 
+def measure_packed(nodes: list[torch.fx.Node], cache: CostCache) -> None:
+    """Add the prepacked time (``_packed_ms``) to the cached costs of ``nodes``' CPU
+    linears and convolutions that have an ATen time and no prepacked one yet: measured
+    only where a floor needs it (``aot.tuning.regions``: a slow program), not for every
+    heavy op."""
+    todo: dict[str, torch.fx.Node] = {}
+    for n in nodes:
+        sig = op_signature(n)
+        c = cache.get(sig)
+        if n.target in _PACKED_OPS and c is not None and c.aten_ms is not None \
+                and c.packed_ms is None:
+            todo.setdefault(sig, n)
+    if not todo:
+        return
+    step("measuring %d linears and convolutions prepacked (once per machine, then cached)",
+         len(todo))
+    fresh = {}
+    for sig, n in todo.items():
+        try:
+            ms = _packed_ms(n)
+        except Exception as e:  # the floor counts nothing for it
+            log.info("could not measure %s prepacked: %s", sig, e)
+            continue
+        if ms is not None:
+            fresh[sig] = dataclasses.replace(cache.get(sig), packed_ms=ms)
+    cache.put_all(fresh)
+
+
 def _packed_ms(node: torch.fx.Node) -> float | None:
     """The CPU time of a float32 linear or 2-D convolution as the prepacked region runs
     it (``aot.fallback.prepack``: MKL's packed linear, oneDNN's convolution on a
@@ -499,15 +528,10 @@ def measure_nodes(nodes: list[torch.fx.Node], target: Target, cache: CostCache,
         return out
     step("measuring %d heavy op signatures alone in ATen and IREE (once per machine, "
          "then cached)", len(todo))
-    aten, packed, graphs = {}, {}, {}
+    aten, graphs = {}, {}
     for sig, n in todo.items():
         try:
             aten[sig] = _aten_ms(n, device)
-            if device == "cpu":
-                try:
-                    packed[sig] = _packed_ms(n)
-                except Exception as e:  # the floor counts nothing for it
-                    log.info("could not measure %s prepacked: %s", sig, e)
             if sig not in ready:
                 graphs[sig] = _compiled_form(_probe_graph(n), target)
         except Exception as e:  # measuring is best effort: keep the op compiled
@@ -519,10 +543,8 @@ def measure_nodes(nodes: list[torch.fx.Node], target: Target, cache: CostCache,
         log.info("could not measure IREE's side of %d ops: %s", len(graphs) + len(ready), e)
     fresh = {}
     for sig in todo:
-        cost = Cost(aten.get(sig), iree.get(sig), packed.get(sig)) if sig in aten \
-            else Cost(None, None)
-        log.info("measured %s: ATen %s ms, IREE %s ms, prepacked %s ms", sig, cost.aten_ms,
-                 cost.iree_ms, cost.packed_ms)
+        cost = Cost(aten.get(sig), iree.get(sig)) if sig in aten else Cost(None, None)
+        log.info("measured %s: ATen %s ms, IREE %s ms", sig, cost.aten_ms, cost.iree_ms)
         fresh[sig] = cost
     cache.put_all(fresh)
     out.update(fresh)

@@ -177,3 +177,31 @@ def test_linears_and_convolutions_are_also_timed_as_the_prepacked_region_runs_th
         pytest.skip("this torch build has no oneDNN prepacked kernels")
     assert times["conv2d"] > 0 and times["conv2d_1"] > 0 and times["linear"] > 0
     assert times["conv2d_2"] is None and times["relu"] is None
+
+
+def test_prepacked_times_are_added_to_measured_costs_only_when_asked(tmp_path, monkeypatch):
+    """``measure_packed`` fills in the prepacked time of linears and convolutions whose
+    ATen time is cached, once; an op with no cached cost is left alone."""
+    from aot.partition.cost import Cost, measure_packed
+    from aot.partition.signatures import op_signature
+    monkeypatch.setenv("AOT_CACHE_DIR", str(tmp_path))
+
+    class M(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv = torch.nn.Conv2d(8, 16, 3, padding=1)
+            self.fc = torch.nn.Linear(16, 32)
+
+        def forward(self, x):
+            return self.fc(self.conv(x).mean((2, 3)))
+    ep = torch.export.export(M(), (torch.randn(2, 8, 16, 16),))
+    conv, fc = [n for n in ep.graph.nodes if n.op == "call_function"
+                and n.target in cost._PACKED_OPS]
+    cache = CostCache(get_target("cpu"))
+    cache.put(op_signature(conv), Cost(1.0, 2.0))
+    measure_packed([conv, fc], cache)
+    got = CostCache(get_target("cpu"))
+    if cost._packed_ms(conv) is not None:
+        assert got.get(op_signature(conv)).packed_ms > 0
+    assert got.get(op_signature(conv)).aten_ms == 1.0
+    assert got.get(op_signature(fc)) is None
