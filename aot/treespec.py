@@ -65,6 +65,17 @@ class TreeSpec:
             raise ValueError(f"dict keys {context!r} do not match its {len(children)} children")
         return TreeSpec(kind, context, children)
 
+    def type_names(self) -> set[str]:
+        """Every container type the spec names (iteratively: a deep spec cannot exhaust
+        the stack)."""
+        out, stack = set(), [self]
+        while stack:
+            node = stack.pop()
+            if node.type is not None:
+                out.add(node.type)
+            stack.extend(node.children)
+        return out
+
     @cached_property
     def num_leaves(self) -> int:
         return 1 if self.type is None else sum(c.num_leaves for c in self.children)
@@ -166,8 +177,13 @@ def dump_treespec(spec: "pytree.TreeSpec") -> str:
 
 
 def load_treespec(text: str) -> "pytree.TreeSpec":
+    """A manifest's spec read with torch's pytree; the ``transformers`` types it names
+    (a model output, its ``DynamicCache``) are registered first (``aot.hf_pytree``)."""
     import torch.utils._pytree as pytree
+    from .hf_pytree import register_for_load
     _name_return_types()
+    if "transformers." in text:
+        register_for_load(TreeSpec.loads(text).type_names())
     return pytree.treespec_loads(text)
 
 

@@ -69,8 +69,31 @@ def stateless_graph(ep: torch.export.ExportedProgram,
             if new is DROP:
                 env[node] = None
                 continue
-            env[node] = new if new is not None else g.node_copy(node, lambda n: env[n])
+            env[node] = new if new is not None else _copy(node, g, env)
     return g
+
+
+def _copy(node: torch.fx.Node, g: torch.fx.Graph, env: dict) -> torch.fx.Node:
+    """``node`` copied into ``g``; a state tensor inside a list operand (``cat`` of a
+    cached constant and a computed tensor: a language model's empty KV cache) becomes
+    its own ``clone`` node first: the importer takes a tensor literal only as a whole
+    operand, and a list's elements must all be values."""
+    new = g.node_copy(node, lambda n: env[n])
+    if not any(isinstance(a, (list, tuple)) and any(isinstance(x, torch.Tensor) for x in a)
+               for a in new.args):
+        return new
+
+    def value(x, was):
+        if not isinstance(x, torch.Tensor):
+            return x
+        with g.inserting_before(new):
+            c = g.call_function(torch.ops.aten.clone.default, (x,))
+        c.meta["val"] = was.meta.get("val") if isinstance(was, torch.fx.Node) else x
+        return c
+    new.args = tuple(type(a)(value(x, w) for x, w in zip(a, was))
+                     if isinstance(a, (list, tuple)) else a
+                     for a, was in zip(new.args, node.args))
+    return new
 
 
 class Parameters:

@@ -16,6 +16,7 @@ from typing import Any, Callable
 import torch
 import torch.utils._pytree as pytree
 
+from ..hf_pytree import is_transformers_model, register_cache
 from ..errors import ExportFailed, UnsupportedOp
 from ..fallback import static_values
 from ..torch_tensor import TorchTensor
@@ -260,6 +261,8 @@ def _export(model, args, kwargs, options, name) -> torch.export.ExportedProgram:
 
 
 def _export_modes(model, args, kwargs, options, name) -> torch.export.ExportedProgram:
+    if is_transformers_model(model):
+        register_cache()  # its DynamicCache output or input (``aot.hf_pytree``)
     try:
         ep = torch.export.export(model, args, kwargs, strict=options.strict,
                                 dynamic_shapes=options.dynamic_shapes)

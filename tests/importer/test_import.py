@@ -92,3 +92,22 @@ def test_an_example_input_that_is_a_view_compiles_with_static_shapes():
         assert x._is_view()
         cm = aot.compile(Affine(), (x,))
         torch.testing.assert_close(cm(x), Affine()(x), rtol=0, atol=0)
+
+
+def test_a_constant_inside_a_list_operand_is_compiled():
+    """``cat([buffer, x])``: the importer takes a state tensor only as a whole operand, so
+    one inside a list (a language model's empty KV cache before its first update) is
+    copied in as its own value, and the op compiles instead of moving to ATen."""
+    class Cat(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.register_buffer("head", torch.arange(24, dtype=torch.float32).view(2, 3, 4))
+            self.register_buffer("empty", torch.zeros(2, 0, 4))
+
+        def forward(self, x):
+            return torch.cat([self.head, x], 1) * 2, torch.cat([self.empty, x], 1) + 1
+    m, x = Cat().eval(), torch.randn(2, 5, 4)
+    cm = aot.compile(m, (x,), placement="coverage")
+    assert not cm.manifest["kernel_calls"]
+    for got, want in zip(cm(x), m(x)):
+        torch.testing.assert_close(got, want, rtol=0, atol=0)
