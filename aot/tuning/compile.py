@@ -130,7 +130,13 @@ def _compile_model(imported: ImportedProgram, target: Target, policy: PlacementP
         # every program that exports runs: whatever the importer, IREE or the kernel-call
         # boundary cannot take, the whole program runs as one ATen region
         discard_dump(e)
-        why = f"IREE could not compile it, however split ({first})"
+        if isinstance(e, CompileFailed):
+            why = f"IREE could not compile it, however split ({first})"
+        elif isinstance(e, AotError):
+            why = f"importing or partitioning it failed ({first})"
+        else:  # not the model's fault: the warning says so, and the program still runs
+            why = (f"importing or partitioning it failed inside aot ({first}; a bug in aot, "
+                   "please report it)")
         log.warning("%s: running %s as one ATen region", why, imported.name)
         return host_artifact(imported, target, policy, why[:400], t0)
 

@@ -307,3 +307,20 @@ def test_a_seed_set_in_forward_is_warned_about(caplog):
         aot.compile(Fn(seeded).eval(), (torch.zeros(3),))
     assert "changed torch's global RNG state" in caplog.text
     assert torch.equal(torch.get_rng_state(), state)  # the caller's RNG state is kept
+
+
+def test_an_error_inside_the_compiler_still_runs_the_program_and_says_whose_it_is(
+        monkeypatch, caplog):
+    """A failure of aot's own code while importing or partitioning (not IREE's, not the
+    model's) runs the program as one ATen region, as IREE failing does, and the warning
+    and the report call it a bug in aot instead of blaming IREE."""
+    from aot.tuning import compile as driver
+
+    def broken(*args, **kwargs):
+        raise TypeError("an internal mistake")
+    monkeypatch.setattr(driver, "partition", broken)
+    x = torch.randn(3, 4)
+    cm = aot.compile(Fn(lambda t: torch.sin(t) * 2).eval(), (x,))
+    _close(cm(x), torch.sin(x) * 2, "all")
+    assert "a bug in aot" in caplog.text and "IREE could not compile" not in caplog.text
+    assert "TypeError: an internal mistake" in cm.report()
