@@ -52,7 +52,7 @@ def compile(model, args=(), *, example_kwargs=None, target: str = "cpu", fallbac
         example_kwargs: example keyword inputs.
         target: ``"cpu"`` (IREE llvm-cpu, this machine's CPU), ``"cpu:<cpu or triple>"``
             (another CPU, compiled for from here without measuring: ``cpu:x86-64-v3``,
-            ``cpu:aarch64-linux-gnu``; ``aot.backend.cpu_targets``) or ``"cuda"``.
+            ``cpu:aarch64-linux-gnu``; ``aot.toolchain.cpu_targets``) or ``"cuda"``.
         fallback: ``"auto"`` (ops IREE cannot lower run in ATen), ``"all"``
             (every op runs in ATen: bit-exact with eager), ``"none"`` (fail,
             listing every op IREE cannot lower).
@@ -60,7 +60,7 @@ def compile(model, args=(), *, example_kwargs=None, target: str = "cpu", fallbac
         strict: use ``torch.export``'s strict mode.
         extra_flags: extra ``iree-compile`` flags appended to the target profile.
         profile: ``"default"`` (flags chosen by measurement, see
-            ``aot/backend/targets.py``) or ``"iree-default"`` (IREE as it comes).
+            ``aot/toolchain/targets.py``) or ``"iree-default"`` (IREE as it comes).
         placement: ``"auto"``: heavy ops IREE covers (convolutions, matmuls) run
             where they measure faster on this machine, IREE or ATen (measured
             once, cached), and a program with heavy ops is then timed end to

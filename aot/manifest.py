@@ -612,7 +612,7 @@ def _checks(m: dict, constants_len: int) -> None:
 
 
 def _cpu(m: dict) -> None:
-    """``cpu`` (``aot.backend.cpu_targets.CpuTarget``): what the host is checked against."""
+    """``cpu`` (``aot.toolchain.cpu_targets.CpuTarget``): what the host is checked against."""
     cpu = m.get("cpu")
     if cpu is None:
         return

@@ -23,7 +23,7 @@ from .partition.partitioner import partition, torch_mlir
 from .partition.placement import PlacementPolicy
 from .tuning.plain_module import plain_vmfb
 from .passes.prepare import prepare
-from .backend.targets import Target, get_target
+from .toolchain.targets import Target, get_target
 from .plan import read_plan
 from .stage_names import EMIT
 

@@ -47,14 +47,17 @@ def worker(model: str, system: str) -> dict:
 
     import aot
     import importlib
+    users = ("aot.tuning.compile", "aot.backend.build", "aot.partition.coverage",
+             "aot.partition.cost", "aot.tuning.regions", "aot.tuning.specialize")
     try:
-        from aot.backend import iree_compile
-        users = ("aot.tuning.compile", "aot.backend.build", "aot.partition.coverage",
-                 "aot.partition.cost", "aot.tuning.regions", "aot.tuning.specialize")
-    except ImportError:  # a tree from before the stage packages (everything in aot.lower)
-        iree_compile = importlib.import_module("aot.lower.iree_compile")
-        users = tuple(f"aot.lower.{m}" for m in ("compile", "backend", "coverage", "cost",
-                                                  "regions", "specialize"))
+        from aot.toolchain import iree_compile
+    except ImportError:  # a tree from before aot.toolchain, or before the stage packages
+        try:
+            iree_compile = importlib.import_module("aot.backend.iree_compile")
+        except ImportError:  # everything in aot.lower
+            iree_compile = importlib.import_module("aot.lower.iree_compile")
+            users = tuple(f"aot.lower.{m}" for m in ("compile", "backend", "coverage", "cost",
+                                                      "regions", "specialize"))
     runs = []
     real = iree_compile.try_compile
 

@@ -32,7 +32,7 @@ from aot import timing  # noqa: E402
 
 def _compile(model, example, named: bool):
     import aot
-    from aot.backend import linalg_kernels
+    from aot.toolchain import linalg_kernels
     from aot.partition import partitioner as partition
     real = linalg_kernels.named_kernels
     if not named:

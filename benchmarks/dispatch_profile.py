@@ -6,7 +6,7 @@
 
 The model (a name of ``aot bench``'s, e.g. ``resnet18_b1``, ``bert_base_b8``) is
 partitioned as ``aot.compile`` partitions it (``placement="coverage"`` by default:
-everything IREE covers compiled, the compiled forms of ``aot/backend/compiled_forms.py``
+everything IREE covers compiled, the compiled forms of ``aot/forms/compiled_forms.py``
 included), compiled with the target's flags (plus ``--flag``s) by the wheel's
 ``iree-compile``, and run by ``iree-benchmark-module`` on the ``local-task`` driver
 with IREE's HAL profiling (``--device_profiling_mode=host-execution``; the
@@ -56,7 +56,7 @@ def compiled_program(name: str, placement: str, flags: list[str]):
     from aot.passes.prepare import prepare
     from aot.partition.partitioner import partition
     from aot.partition.placement import PlacementPolicy
-    from aot.backend.targets import get_target
+    from aot.toolchain.targets import get_target
     from aot.bench.suite import BENCH_MODELS
 
     if name not in BENCH_MODELS:

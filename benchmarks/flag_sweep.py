@@ -4,7 +4,7 @@ Usage: python benchmarks/flag_sweep.py [resnet18|bert|...] [--runs 10] [--target
 
 Compiles the bundled model once per candidate flag set (on top of the target's
 base flags) and prints the median latency of each next to eager, interleaved.
-The winning set is what ``aot/backend/targets.py`` records as the default
+The winning set is what ``aot/toolchain/targets.py`` records as the default
 profile, with the numbers that chose it.
 """
 

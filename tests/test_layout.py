@@ -71,3 +71,29 @@ def test_the_runtime_does_not_import_the_compile_side():
             "aot.importer", "aot.passes", "aot.partition", "aot.backend", "aot.tuning",
             "aot.stages", "aot.bench", "aot.models", "iree.compiler"))}
         assert not bad, f"{m} imports {sorted(bad)}"
+
+
+# the pipeline's packages in order: each imports only packages before it (and the
+# foundation: top-level modules, the runtime and fallback below everything)
+PIPELINE = ["aot.importer", "aot.passes", "aot.toolchain", "aot.forms", "aot.partition",
+            "aot.backend", "aot.tuning"]
+
+
+def test_the_stages_import_only_earlier_stages():
+    """Data moves forward: importer -> passes -> (toolchain, forms) -> partition ->
+    backend -> tuning; no package imports a later one, inside functions included."""
+    modules, graph = _graph()
+    rank = {p: i for i, p in enumerate(PIPELINE)}
+
+    def stage(m):
+        return next((p for p in PIPELINE if m == p or m.startswith(p + ".")), None)
+    bad = []
+    for m in modules:
+        here = stage(m)
+        if here is None:
+            continue
+        for t in graph[m]:
+            there = stage(t)
+            if there is not None and rank[there] > rank[here]:
+                bad.append(f"{m} -> {t}")
+    assert not bad, "imports of a later stage: " + "; ".join(sorted(bad))

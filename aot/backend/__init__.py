@@ -1,3 +1,3 @@
-"""The IREE backend: the targets and their flags, the forms IREE runs well
-(``compiled_forms``), the Torch-or-StableHLO input, ``iree-compile``, and the artifact
-built from its module (``build``)."""
+"""The backend: a partitioned program compiled by IREE (``aot.toolchain``) into the
+artifact (``build``), and whether a program is worth a data-tiled compile too
+(``tiling``)."""

@@ -20,10 +20,10 @@ from ..importer.program import ImportedProgram
 from ..torch_tensor import TorchTensor
 from ..treespec import dump_treespec
 from ..partition import aten_region
-from .iree_compile import compile_error, try_compile
+from ..toolchain.iree_compile import compile_error, try_compile
 from ..partition.partitioner import PartitionedProgram
 from ..partition.placement import KERNEL_CALL, Placement, PlacementPolicy, op_name
-from .targets import Target
+from ..toolchain.targets import Target
 from ..partition.threads import one_thread_calls
 
 __all__ = ["compile_program", "build_artifact", "host_artifact", "compile_input", "iree_version"]

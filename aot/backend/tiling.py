@@ -23,38 +23,26 @@ Convolutions count only under ``placement="coverage"``: there every convolution 
 compiled and the tiled matmuls pay; under the default placement the convolution
 networks' ATen regions win anyway, and the variant would only add a large share to
 the compile time.
-
-IREE 3.13 has two data-tiling paths. ``--iree-opt-data-tiling`` picks the one that
-starts in dispatch creation, which computes wrong results on dynamic shapes:
-``softmax(q @ k^T) @ v`` with q, k and v from one linear's view/permute, batch and
-sequence dynamic, is exact up to 64 tokens and off by up to 27 from 65 on (with or
-without microkernels). The path that starts in global optimization
-(``--iree-global-opt-data-tiling``) is exact on the same programs, so a dynamic
-program is tiled through it (``DYNAMIC_TILING_FLAGS``), and keeps data tiling's
-speed-up.
+The flags, and the two data-tiling paths of IREE 3.13 (one miscompiles dynamic shapes),
+are ``aot.toolchain.tiling_flags``.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 
 import torch
 
 from ..importer.program import ImportedProgram
-from .conv_rewrites import as_matmul
+from ..forms.conv_rewrites import as_matmul
 from ..partition.flops import node_flops
 from ..partition.placement import PlacementPolicy
-from .targets import Target
+from ..toolchain.targets import Target
+from ..toolchain.tiling_flags import DYNAMIC_TILING_FLAGS, DYNAMIC_UNSAFE
 
-__all__ = ["TILING_FLAGS", "DYNAMIC_TILING_FLAGS", "DYNAMIC_UNSAFE", "MATMUL_SHARE", "worth_tiling",
-           "tiled_target", "safe_for_dynamic", "untiled"]
+__all__ = ["MATMUL_SHARE", "worth_tiling"]
 log = logging.getLogger(__name__)
 
-TILING_FLAGS = ("--iree-opt-data-tiling", "--iree-llvmcpu-enable-ukernels=all")
-DYNAMIC_TILING_FLAGS = ("--iree-global-opt-data-tiling", "--iree-llvmcpu-enable-ukernels=all")
-# the data-tiling flags that select the path IREE 3.13 miscompiles dynamic shapes with
-DYNAMIC_UNSAFE = ("--iree-opt-data-tiling", "--iree-dispatch-creation-data-tiling")
 MATMUL_SHARE = 0.5
 _MATMULS = {"linear", "mm", "bmm", "matmul", "addmm", "baddbmm"}
 
@@ -82,25 +70,3 @@ def worth_tiling(imported: ImportedProgram, target: Target, policy: PlacementPol
                         + ("--iree-llvmcpu-enable-ukernels",)) for f in target.flags):
         return False
     return _matmul_share(imported, convs=policy.placement == "coverage") >= MATMUL_SHARE
-
-
-def tiled_target(target: Target, dynamic: bool = False) -> Target:
-    """``target`` with data tiling and microkernels; ``dynamic``: through the path that
-    is exact on dynamic shapes."""
-    return dataclasses.replace(target, flags=tuple(target.flags) + (
-        DYNAMIC_TILING_FLAGS if dynamic else TILING_FLAGS))
-
-
-def safe_for_dynamic(flags: tuple) -> tuple:
-    """``flags`` with the data-tiling flags of ``DYNAMIC_UNSAFE`` replaced by the path
-    that is exact on dynamic shapes."""
-    kept = tuple(f for f in flags if f not in DYNAMIC_UNSAFE)
-    if len(kept) < len(flags) and DYNAMIC_TILING_FLAGS[0] not in kept:
-        kept += (DYNAMIC_TILING_FLAGS[0],)
-    return kept
-
-
-def untiled(target: Target) -> Target:
-    """``target`` without the flags ``tiled_target`` added."""
-    added = set(TILING_FLAGS) | set(DYNAMIC_TILING_FLAGS)
-    return dataclasses.replace(target, flags=tuple(f for f in target.flags if f not in added))

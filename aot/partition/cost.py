@@ -28,7 +28,7 @@ from .disk_cache import JsonCache
 from ..importer.dynamic import hint
 from .. import timing
 from ..progress import step
-from ..backend.targets import Target
+from ..toolchain.targets import Target
 
 __all__ = ["Cost", "CostCache", "measure_nodes", "measure_packed", "measure_decomposed", "start_prefetch",
            "Prefetch", "MIN_FLOPS", "CROSSING_MS", "HANDOFF_MS", "handoff_ms", "Floor",
@@ -148,7 +148,7 @@ class CostCache(JsonCache):
     def __init__(self, target: Target, directory: str | None = None):
         # the compiled forms are part of the key: a measurement of an op's older
         # compiled form (a convolution before ``conv_rewrites``) is not reused
-        from ..backend.compiled_forms import FORMS
+        from ..forms.compiled_forms import FORMS
         super().__init__("cost", target, key=machine_key() + "|" + FORMS, directory=directory)
 
     def get(self, sig: str) -> Cost | None:
@@ -218,13 +218,13 @@ def _iree_times(graphs: dict[str, torch.fx.Graph], ready: dict[str, tuple], targ
 def _compile_all(graphs: list[torch.fx.Graph], target: Target) -> bytes | None:
     """The one-op graphs as one module (function ``op<i>`` per graph), compiled; None
     when IREE fails on it."""
-    from ..backend.iree_compile import try_compile
+    from ..toolchain.iree_compile import try_compile
     return try_compile(_module_text(graphs), target)[0]
 
 
 def _module_text(graphs: list[torch.fx.Graph]) -> str:
     from ..importer.fx_import import import_graph
-    from ..backend.linalg_kernels import expand
+    from ..toolchain.linalg_kernels import expand
     module = None
     for i, g in enumerate(graphs):
         module = import_graph(g, func_name=f"op{i}", module=module)
@@ -254,7 +254,7 @@ class Prefetch:
     def __init__(self, todo: dict[str, torch.fx.Graph], target: Target):
         import concurrent.futures
 
-        from ..backend.iree_compile import try_compile
+        from ..toolchain.iree_compile import try_compile
         self.sigs = list(todo)
         parts = _balanced(todo, min(self.PARTS, len(todo)))
         pool = concurrent.futures.ThreadPoolExecutor(len(parts), thread_name_prefix="aot-cost")
@@ -494,8 +494,8 @@ def _compiled_form(graph: torch.fx.Graph, target: Target) -> torch.fx.Graph:
     a convolution IREE runs badly becomes a matmul, shifted multiply-adds or a named
     channels-last one, attention two matmuls, a global pool a mean): what IREE's side of
     the comparison runs."""
-    from ..backend.compiled_forms import emit
-    from ..backend.linalg_kernels import named_kernels
+    from ..forms.compiled_forms import emit
+    from ..toolchain.linalg_kernels import named_kernels
     g, env, named = torch.fx.Graph(), {}, named_kernels(target)
     for n in graph.nodes:
         new = emit(n, g, env, named)

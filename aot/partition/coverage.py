@@ -25,9 +25,9 @@ from torch.fx.node import map_aggregate
 from ..importer.fx_import import import_graph
 from .disk_cache import JsonCache
 from .signatures import op_signature
-from ..backend.iree_compile import first_error, try_compile
+from ..toolchain.iree_compile import first_error, try_compile
 from ..progress import step
-from ..backend.targets import Target
+from ..toolchain.targets import Target
 
 __all__ = ["Verdict", "CoverageCache", "Assumed", "assumes_coverage", "op_signature",
            "probe_nodes"]
@@ -51,7 +51,7 @@ class CoverageCache(JsonCache):
     """
 
     def __init__(self, target: Target, directory: str | None = None):
-        from ..backend.tiling import untiled
+        from ..toolchain.tiling_flags import untiled
         super().__init__("coverage", untiled(target), directory=directory)
 
     def get(self, sig: str) -> Verdict | None:

@@ -31,7 +31,7 @@ from .flops import node_flops
 from .iree_faults import iree_fault
 from .outline import carried
 from .placement import COMPILED, KERNEL_CALL, Placement, PlacementPolicy, matches_forced, op_name
-from ..backend.targets import Target
+from ..toolchain.targets import Target
 
 __all__ = ["Decisions", "decide", "is_assert", "op_nodes"]
 log = logging.getLogger(__name__)

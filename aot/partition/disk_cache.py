@@ -14,7 +14,7 @@ import os
 import re
 import threading
 
-from ..backend.targets import Target
+from ..toolchain.targets import Target
 
 __all__ = ["JsonCache"]
 log = logging.getLogger(__name__)

@@ -25,7 +25,7 @@ from ..importer.dynamic import symbolic_sizes
 from ..importer.fx_import import DROP, stateless_graph
 from ..importer.locations import node_location
 from ..torch_tensor import QuantParams, TorchTensor
-from ..backend import compiled_forms
+from ..forms import compiled_forms
 from .decisions import is_assert
 from .grouping import Grouping, n_results, scalar_kind, source, used_outside
 from .kernel_call_op import kernel_call_op

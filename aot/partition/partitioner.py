@@ -26,10 +26,10 @@ from .coverage import CoverageCache
 from .decisions import decide, op_nodes
 from .grouping import Grouping
 from .kernel_calls import rewrite_graph
-from ..backend.linalg_kernels import expand, named_kernels
+from ..toolchain.linalg_kernels import expand, named_kernels
 from .outline import outline_kernel_calls
 from .placement import KERNEL_CALL, Placement, PlacementPolicy
-from ..backend.targets import Target
+from ..toolchain.targets import Target
 
 __all__ = ["PartitionedProgram", "partition", "single_call", "torch_mlir"]
 log = logging.getLogger(__name__)

@@ -27,7 +27,7 @@ from __future__ import annotations
 from ..fallback.spec import KernelCallSpec
 from .cost import MIN_FLOPS
 from .placement import Placement
-from ..backend.targets import Target
+from ..toolchain.targets import Target
 
 __all__ = ["one_thread_calls", "MAX_ELEMENTS"]
 

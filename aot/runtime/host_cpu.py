@@ -1,7 +1,7 @@
 """May this machine run an artifact's compiled CPU code?
 
 A CPU artifact's manifest records the CPU it was compiled for (``cpu``: architecture,
-triple, CPU name and the LLVM features its code may use; ``aot.backend.cpu_targets``).
+triple, CPU name and the LLVM features its code may use; ``aot.toolchain.cpu_targets``).
 IREE's runtime refuses a module of another architecture only with a device error
 ("INCOMPATIBLE; HAL device not found"), and does not check CPU features: code that
 uses an instruction this CPU lacks kills the process with SIGILL at its first call.

@@ -26,7 +26,7 @@ from ..backend.build import build_artifact, compile_input, host_artifact, iree_v
 from ..partition.cost import MEASURED_FASTER, CostCache, compiled_floor, handoff_ms
 from ..partition.coverage import Assumed, assumes_coverage
 from ..partition.decisions import heavy_nodes
-from ..backend.iree_compile import compile_error, discard_dump, first_error, try_compile
+from ..toolchain.iree_compile import compile_error, discard_dump, first_error, try_compile
 from ..partition.partitioner import PartitionedProgram, partition
 from ..partition.placement import PlacementPolicy
 from ..passes.prepare import prepare
@@ -34,8 +34,9 @@ from .recover import blame, grow
 from .regions import (aten_candidates, aten_far_ahead, choose_region, may_measure,
                       pick_variant, worth_measuring)
 from .specialize import specialize, worth_specializing
-from ..backend.targets import Target
-from ..backend.tiling import DYNAMIC_UNSAFE, safe_for_dynamic, tiled_target, worth_tiling
+from ..toolchain.targets import Target
+from ..toolchain.tiling_flags import DYNAMIC_UNSAFE, safe_for_dynamic, tiled_target
+from ..backend.tiling import worth_tiling
 
 __all__ = ["compile_model", "program_target", "stablehlo_module"]
 log = logging.getLogger(__name__)
@@ -66,7 +67,7 @@ def program_target(imported: ImportedProgram, target: Target) -> Target:
     unsafe = [f for f in target.flags if f in DYNAMIC_UNSAFE]
     if imported.symbols and unsafe:
         log.warning("replacing %s by --iree-global-opt-data-tiling: IREE %s computes wrong "
-                    "results with it on dynamic shapes (aot.backend.tiling.DYNAMIC_UNSAFE)",
+                    "results with it on dynamic shapes (aot.toolchain.tiling_flags.DYNAMIC_UNSAFE)",
                     " ".join(unsafe), iree_version())
         target = dataclasses.replace(target, flags=safe_for_dynamic(tuple(target.flags)))
     return target
@@ -101,7 +102,7 @@ def _compile_model(imported: ImportedProgram, target: Target, policy: PlacementP
     t0 = time.perf_counter()
     target = program_target(imported, target)
     if not target.runs_here and (policy.placement != "coverage" or example is not None):
-        # another CPU than this one (aot.backend.cpu_targets): nothing is measured here
+        # another CPU than this one (aot.toolchain.cpu_targets): nothing is measured here
         log.info("%s is not this machine: compiling with placement='coverage', unmeasured",
                  target.name)
         policy, example = dataclasses.replace(policy, placement="coverage"), None
@@ -144,7 +145,7 @@ def _compile_model(imported: ImportedProgram, target: Target, policy: PlacementP
 def stablehlo_module(imported: ImportedProgram, target: Target,
                      policy: PlacementPolicy = PlacementPolicy()) -> str:
     """The program as StableHLO, every kernel call a ``stablehlo.custom_call`` of one ATen
-    op with all its tensor operands (``aot.backend.stablehlo``), partitioned as ``compile_model``
+    op with all its tensor operands (``aot.toolchain.stablehlo``), partitioned as ``compile_model``
     partitions for ``via="stablehlo"``: ops torch-mlir cannot lower, blamed by its
     errors, run in ATen (under ``fallback="auto"``).
 
@@ -156,7 +157,7 @@ def stablehlo_module(imported: ImportedProgram, target: Target,
         CompileFailed: torch-mlir fails and no op is to blame (or ``fallback`` is not
             ``"auto"``); the message has torch-mlir's first error.
     """
-    from ..backend.stablehlo import to_stablehlo
+    from ..toolchain.stablehlo import to_stablehlo
     target = dataclasses.replace(program_target(imported, target), via="stablehlo")
     # one custom call per ATen op
     policy = dataclasses.replace(policy, group=False, placement="coverage", plan=None)

@@ -25,7 +25,7 @@ import re
 from ..errors import CompileFailed, UnsupportedOp
 from ..manifest import Manifest
 from .compile import compile_model
-from ..backend.iree_compile import first_error, try_compile
+from ..toolchain.iree_compile import first_error, try_compile
 from ..partition.partitioner import partition
 from ..partition.placement import PlacementPolicy
 from ..passes.prepare import prepare

@@ -20,7 +20,7 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 
-from ..backend.iree_compile import first_error
+from ..toolchain.iree_compile import first_error
 from ..partition.placement import COMPILED, Placement
 
 __all__ = ["blame", "grow"]

@@ -129,7 +129,7 @@ import torch.utils._pytree as pytree
 from ..artifact import CompiledArtifact
 from ..fallback import prepack
 from ..backend.build import compile_program
-from ..backend.compiled_forms import FORMS
+from ..forms.compiled_forms import FORMS
 from ..fallback.quantized_ops import NAMESPACE as QUANTIZED_NAMESPACE
 from ..fallback.executor import ExecOptions
 from ..fallback.layout import has_conv, layout_safe
@@ -144,7 +144,7 @@ from ..partition.decisions import heavy_nodes
 from ..partition.flops import node_flops
 from ..errors import UnsupportedOp
 from ..partition.placement import KERNEL_CALL, Placement, PlacementPolicy
-from ..backend.targets import Target
+from ..toolchain.targets import Target
 
 __all__ = ["may_measure", "worth_measuring", "choose_region", "aten_candidates", "choice", "program_key", "RUNS", "BUDGET_S", "MARGIN"]
 log = logging.getLogger(__name__)

@@ -36,13 +36,13 @@ import time
 
 from ..artifact import CompiledArtifact, pack_constants
 from ..importer.fx_import import Parameters, import_graphs
-from ..backend.linalg_kernels import expand
+from ..toolchain.linalg_kernels import expand
 from ..importer.program import ImportedProgram
-from ..backend.iree_compile import try_compile
+from ..toolchain.iree_compile import try_compile
 from ..partition.partitioner import partition
 from ..partition.placement import PlacementPolicy
 from ..passes.prepare import prepare
-from ..backend.targets import Target
+from ..toolchain.targets import Target
 
 __all__ = ["worth_specializing", "specialize", "combine", "AT_EXAMPLE"]
 log = logging.getLogger(__name__)

@@ -51,7 +51,7 @@ def test_the_partitioned_module_holds_matmuls_not_the_attention_op():
     from aot.importer.program import import_model
     from aot.partition.partitioner import partition
     from aot.partition.placement import PlacementPolicy
-    from aot.backend.targets import get_target
+    from aot.toolchain.targets import get_target
     p = partition(import_model(Attn().eval(), _qkv(2, 3)), get_target("cpu"),
                   PlacementPolicy(placement="coverage"))
     assert "torch.aten.bmm" in p.mlir and "scaled_dot_product_attention" not in p.mlir

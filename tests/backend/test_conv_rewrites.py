@@ -12,7 +12,7 @@ import aot
 from aot.importer import import_model
 from aot.partition.partitioner import partition
 from aot.partition.placement import PlacementPolicy
-from aot.backend.targets import get_target
+from aot.toolchain.targets import get_target
 
 
 @pytest.mark.parametrize("stride,groups,bias,hw", [
@@ -107,7 +107,7 @@ def shifts(monkeypatch):
     """Depthwise convolutions as the targets without named kernels compile them
     (``linalg_kernels.named_kernels`` false: CUDA, StableHLO): shifted multiply-adds."""
     monkeypatch.setattr("aot.partition.partitioner.named_kernels", lambda target: False)
-    monkeypatch.setattr("aot.backend.linalg_kernels.named_kernels", lambda target: False)
+    monkeypatch.setattr("aot.toolchain.linalg_kernels.named_kernels", lambda target: False)
 
 
 @pytest.mark.parametrize("k,stride,pad,bias,hw", [
@@ -143,7 +143,7 @@ def test_unstrided_3x3_and_half_precision_depthwise_convs_stay_shifted():
 def test_named_kernels_are_for_the_cpu_from_the_torch_dialect_only():
     import dataclasses
 
-    from aot.backend.linalg_kernels import named_kernels
+    from aot.toolchain.linalg_kernels import named_kernels
     cpu = get_target("cpu")
     assert named_kernels(cpu)
     assert not named_kernels(dataclasses.replace(cpu, via="stablehlo"))
@@ -231,8 +231,8 @@ def test_emitted_nodes_carry_fake_values_of_the_programs_mode(named):
     sizes the op has."""
     from torch._subclasses.fake_tensor import FakeTensor
 
-    from aot.backend.compiled_forms import emit
-    from aot.backend.linalg_kernels import depthwise_nhwc
+    from aot.forms.compiled_forms import emit
+    from aot.toolchain.linalg_kernels import depthwise_nhwc
     m = torch.nn.Sequential(torch.nn.Conv2d(8, 8, 3, stride=2, padding=1, groups=8),
                             torch.nn.Conv2d(8, 4, 3, padding=1)).eval()
     ep = torch.export.export(m, (torch.randn(1, 8, 9, 9),))

@@ -1,4 +1,4 @@
-"""Compiled integer floor division (``aot.backend.int_division``): bit-exact with eager at
+"""Compiled integer floor division (``aot.forms.int_division``): bit-exact with eager at
 the edges of every integer dtype, where a lowering through floating point is not."""
 
 import pytest

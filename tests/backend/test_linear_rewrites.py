@@ -9,7 +9,7 @@ import aot
 from aot.importer import import_model
 from aot.partition.partitioner import partition
 from aot.partition.placement import PlacementPolicy
-from aot.backend.targets import get_target
+from aot.toolchain.targets import get_target
 
 
 @pytest.mark.parametrize("shape,bias", [((2, 3, 3, 16), True), ((2, 5, 16), False), ((4, 16), True)])

@@ -9,7 +9,7 @@ import aot
 from aot.importer import import_model
 from aot.partition.partitioner import partition
 from aot.partition.placement import PlacementPolicy
-from aot.backend.targets import get_target
+from aot.toolchain.targets import get_target
 
 
 class SqueezeExcite(torch.nn.Module):

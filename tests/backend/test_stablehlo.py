@@ -19,7 +19,7 @@ import torch
 import aot
 from aot.fallback.bound import BoundCall
 from aot.fallback.spec import KernelCallSpec, resolve_op
-from aot.backend import stablehlo
+from aot.toolchain import stablehlo
 from aot.partition.decisions import op_nodes
 
 pytestmark = pytest.mark.skipif(not stablehlo.available(),

@@ -9,9 +9,9 @@ from torch.export import Dim
 import aot
 from aot.importer import ImportOptions, import_model
 from aot.partition.placement import PlacementPolicy
-from aot.backend.targets import get_target
-from aot.backend.tiling import (DYNAMIC_TILING_FLAGS, TILING_FLAGS, safe_for_dynamic, tiled_target,
-                              untiled, worth_tiling)
+from aot.toolchain.targets import get_target
+from aot.toolchain.tiling_flags import DYNAMIC_TILING_FLAGS, TILING_FLAGS, safe_for_dynamic, tiled_target, untiled
+from aot.backend.tiling import worth_tiling
 
 
 class Mlp(torch.nn.Module):

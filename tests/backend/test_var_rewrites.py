@@ -1,5 +1,5 @@
 """Compiled variance and standard deviation in two passes on shifted values
-(``aot.backend.var_rewrites``): near eager's where the mean is large against the spread,
+(``aot.forms.var_rewrites``): near eager's where the mean is large against the spread,
 which IREE's own lowering cancelled away (100% off). Tolerance: 1e-3 relative to the
 float64 variance (IREE's float32 sums of up to 2**18 values; ATen's error is ~1e-7)."""
 

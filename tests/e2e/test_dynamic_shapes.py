@@ -357,7 +357,7 @@ def test_linear_on_dynamic_rows_compiles_as_one_2d_matmul():
     from aot.importer import ImportOptions, import_model
     from aot.partition.partitioner import partition
     from aot.partition.placement import PlacementPolicy
-    from aot.backend.targets import get_target
+    from aot.toolchain.targets import get_target
     m = torch.nn.Linear(64, 96).eval()
     b, s = Dim("b", min=1, max=8), Dim("s", min=2, max=300)
     dyn = ({0: b, 1: s},)

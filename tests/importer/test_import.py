@@ -8,7 +8,7 @@ from aot.cli import main as cli_main
 from aot.importer import ImportOptions, import_model
 from aot.partition.partitioner import partition, torch_mlir
 from aot.partition.placement import PlacementPolicy
-from aot.backend.targets import get_target
+from aot.toolchain.targets import get_target
 
 
 class ConvBn(torch.nn.Module):

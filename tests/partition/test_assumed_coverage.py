@@ -5,9 +5,9 @@ Results are compared with eager (float32, rtol 1e-5 / atol 1e-5)."""
 import torch
 
 import aot
-from aot.backend import iree_compile
+from aot.toolchain import iree_compile
 from aot.partition.coverage import CoverageCache
-from aot.backend.targets import get_target
+from aot.toolchain.targets import get_target
 
 
 class Small(torch.nn.Module):

@@ -7,9 +7,9 @@ import pytest
 import torch
 
 from aot.partition import cost
-from aot.backend import iree_compile
+from aot.toolchain import iree_compile
 from aot.partition.cost import CostCache, measure_nodes
-from aot.backend.targets import get_target
+from aot.toolchain.targets import get_target
 
 
 class TwoConvs(torch.nn.Module):

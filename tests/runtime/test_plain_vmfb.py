@@ -137,7 +137,7 @@ def test_another_architecture_is_refused_at_load_naming_both(tmp_path):
 def test_missing_cpu_features_are_refused_at_load(tmp_path):
     """A named x86 CPU whose features this one lacks (AMX, AVX512-FP16...): refused at
     load, naming them, where IREE would die of SIGILL at the first call that uses them."""
-    from aot.backend.cpu_targets import cpu_flags, resolve_cpu
+    from aot.toolchain.cpu_targets import cpu_flags, resolve_cpu
     from aot.runtime.host_cpu import host_arch, host_features
     if host_arch() != "x86_64" or host_features() is None:
         pytest.skip("needs an x86_64 host and iree-cpuinfo")

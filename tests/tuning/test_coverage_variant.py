@@ -77,7 +77,7 @@ def _measured_calls_save(ms, monkeypatch, tmp_path):
 def _program_compiles(monkeypatch) -> list:
     """IREE runs on the program's bytecode (the per-op program, a variant), recorded
     (the ATen-region candidates' small modules are compiled from text)."""
-    from aot.backend import iree_compile
+    from aot.toolchain import iree_compile
     runs, real = [], iree_compile.try_compile
     monkeypatch.setattr(importlib.import_module("aot.tuning.compile"), "try_compile",
                         lambda asm, *a, **k: (runs.append(1) if isinstance(asm, bytes) else None)

@@ -204,7 +204,7 @@ def test_slow_programs_leave_the_race_from_their_first_sample(monkeypatch):
     and one that is already OUT_OF_RACE times the best is timed in no block: only the
     recheck's single call (ViT-B/16 spent 30 s timing six candidates of 330-710 ms)."""
     from aot.tuning import regions
-    from aot.backend.targets import get_target
+    from aot.toolchain.targets import get_target
 
     ms = {"fast": 12.0, "slow": 30.0}
     calls = {k: 0 for k in ms}
@@ -226,7 +226,7 @@ def test_a_slow_candidate_timed_on_an_idle_machine_is_not_rechecked(monkeypatch)
     spent 5 s rechecking three candidates of 1.5 s a call); the fast one is timed as
     before."""
     from aot.tuning import regions
-    from aot.backend.targets import get_target
+    from aot.toolchain.targets import get_target
 
     ms = {"fast": 12.0, "slow": 30.0}
     calls = {k: 0 for k in ms}
@@ -283,7 +283,7 @@ def test_a_slow_candidate_that_packs_on_its_first_call_is_warmed_twice(monkeypat
     """A prepacking executor's first call packs the weights: it is warmed up as any
     candidate (two calls), so the packing call is never one of its samples."""
     from aot.tuning import regions
-    from aot.backend.targets import get_target
+    from aot.toolchain.targets import get_target
 
     monkeypatch.setattr(regions, "_SLOW_S", 0.01)
     ms = {"iree": 20.0, "aten-prepacked": 15.0}
@@ -304,7 +304,7 @@ def test_executor_variants_of_a_slow_per_op_artifact_far_out_of_the_race_are_not
     can cost, OUT_OF_RACE times another candidate, they are not run at all, and the region
     says why. Near the race (or with many kernel calls) they are timed as any candidate."""
     from aot.tuning import regions
-    from aot.backend.targets import get_target
+    from aot.toolchain.targets import get_target
 
     monkeypatch.setattr(regions, "_SLOW_S", 0.01)
     ms = {"iree": 60.0, "iree-sync": 58.0, "iree-one-thread": 59.0, "aten": 20.0}
@@ -331,7 +331,7 @@ def test_a_slow_candidate_whose_heavy_ops_alone_outlast_a_measured_call_is_not_r
     the lowest floor up; one whose floor is within reach runs as before (ViT-B/16 at
     batch 8 spent 5 s on three candidates of 1.4-2.0 s a call behind one of 0.9 s)."""
     from aot.tuning import regions
-    from aot.backend.targets import get_target
+    from aot.toolchain.targets import get_target
 
     monkeypatch.setattr(regions, "_SLOW_S", 0.01)
     ms = {"aten": 16.0, "iree": 30.0, "iree-tiled": 12.0}
@@ -357,7 +357,7 @@ def test_executor_variants_wait_for_a_round_where_one_warm_up_call_cannot_decide
     reach (a first call slowed by something else), its executor variants are decided
     after the race's first round, on medians: out of the race by then, they never run."""
     from aot.tuning import regions
-    from aot.backend.targets import get_target
+    from aot.toolchain.targets import get_target
 
     monkeypatch.setattr(regions, "_SLOW_S", 0.01)
     monkeypatch.setattr(regions.timing, "elsewhere", lambda: lambda: 1.0)
@@ -505,7 +505,7 @@ def test_the_compiled_floor_is_each_heavy_op_at_the_cheaper_of_iree_and_a_kernel
     from aot.partition.cost import CROSSING_MS, Cost, CostCache, compiled_floor, handoff_ms
     from aot.partition.signatures import op_signature
     from aot.partition.decisions import heavy_nodes
-    from aot.backend.targets import get_target
+    from aot.toolchain.targets import get_target
     monkeypatch.setenv("AOT_CACHE_DIR", str(tmp_path))
     torch.manual_seed(0)
     m, x = ConvNet().eval(), torch.randn(2, 16, 32, 32)

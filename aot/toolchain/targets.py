@@ -3,7 +3,7 @@
 ``flags`` are the IREE flags of the default profile; ``driver`` is the IREE
 runtime driver the artifact is loaded with (recorded in the manifest so the
 runtime never needs this module). ``"cpu:<name>"`` is another CPU than this
-machine's, compiled for from here (``aot.backend.cpu_targets``).
+machine's, compiled for from here (``aot.toolchain.cpu_targets``).
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ class Target:
     flags: tuple[str, ...]
     profile: str = "default"  # "iree-default": IREE as it comes, no measured flag variants
     # what IREE compiles: "torch" (the Torch dialect, IREE's own lowering) or
-    # "stablehlo" (lowered by torch-mlir first: aot.backend.stablehlo)
+    # "stablehlo" (lowered by torch-mlir first: aot.toolchain.stablehlo)
     via: str = "torch"
     # a CPU target's architecture, CPU and features (recorded in the manifest, checked
     # against the host at load); None for other backends

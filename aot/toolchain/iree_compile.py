@@ -26,7 +26,7 @@ def try_compile(asm: str | bytes, target: Target) -> tuple[bytes | None, str]:
     or ``(None, diagnostics)``.
 
     ``target.via == "stablehlo"``: torch-mlir lowers it to StableHLO first
-    (``aot.backend.stablehlo``); its diagnostics point at ``asm``'s lines as IREE's do."""
+    (``aot.toolchain.stablehlo``); its diagnostics point at ``asm``'s lines as IREE's do."""
     input_type = "torch"
     if target.via == "stablehlo":
         from .stablehlo import host_calls, to_stablehlo
@@ -84,7 +84,7 @@ def compile_error(asm: str, target: Target, diag: str, *, what: str = "model",
     flags = " ".join(target.flags)
     if target.via == "stablehlo":
         note += ("(via='stablehlo': torch-mlir lowers the input IR to StableHLO first, "
-                 "as aot.backend.stablehlo.PIPELINE; the repro below skips that step)\n")
+                 "as aot.toolchain.stablehlo.PIPELINE; the repro below skips that step)\n")
     err = CompileFailed(
         f"IREE could not compile {what} for {target.name}: {first_error(diag)}\n{note}"
         f"input IR: {path}\nrepro: iree-compile --iree-input-type=torch "

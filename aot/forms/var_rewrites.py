@@ -18,7 +18,7 @@ import math
 
 import torch
 
-from ..partition.rewrite_nodes import emit_node as _emit, shadow, source_meta
+from .rewrite_nodes import emit_node as _emit, shadow, source_meta
 
 __all__ = ["variance_two_pass", "layer_norm_two_pass"]
 

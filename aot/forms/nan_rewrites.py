@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import torch
 
-from ..partition.rewrite_nodes import emit_node, shadow, source_meta
+from .rewrite_nodes import emit_node, shadow, source_meta
 
 __all__ = ["nan_propagating"]
 

@@ -42,7 +42,7 @@ from .._mlir import ir, new_context
 from ..errors import CompileFailed
 from ..fallback.spec import HOST_MODULE, KernelCallSpec
 
-__all__ = ["CUSTOM_CALL", "PIPELINE", "WRONG_LOWERINGS", "available", "check", "to_stablehlo",
+__all__ = ["CUSTOM_CALL", "PIPELINE", "available", "check", "to_stablehlo",
            "host_calls", "custom_calls"]
 
 CUSTOM_CALL = "stablehlo.custom_call"
@@ -51,14 +51,6 @@ PIPELINE = ("builtin.module(func.func(torch-match-quantized-custom-ops),"
             "torch-backend-to-stablehlo-backend-pipeline)")
 _SCALAR_TENSOR = {"i64": "tensor<i64>", "f32": "tensor<f32>"}
 
-# Ops torch-mlir lowers to StableHLO with another meaning than eager's: on this path
-# they run in ATen whatever the probe says (``iree_faults.iree_fault``). Each rule is a
-# wrong answer measured with torch-mlir 20261001 (tests/backend/test_stablehlo.py).
-WRONG_LOWERINGS = {
-    # remainder(-7, 3): eager 2 (the divisor's sign), StableHLO's remainder -1 (fmod)
-    "aten::remainder": "torch-mlir lowers it to stablehlo.remainder, which takes the "
-                       "dividend's sign (fmod), not the divisor's",
-}
 _TIMEOUT_S = 600
 
 

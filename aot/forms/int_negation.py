@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from ..partition.rewrite_nodes import emit_node, source_meta
+from .rewrite_nodes import emit_node, source_meta
 
 __all__ = ["negation_exact"]
 

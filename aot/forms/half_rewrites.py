@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import torch
 
-from ..partition.rewrite_nodes import emit_node, shadow, source_meta
+from .rewrite_nodes import emit_node, shadow, source_meta
 
 __all__ = ["reductions_in_float"]
 

@@ -19,7 +19,7 @@ import math
 
 import torch
 
-from ..partition.rewrite_nodes import emit_node, source_meta
+from .rewrite_nodes import emit_node, source_meta
 
 __all__ = ["attention_as_matmuls"]
 

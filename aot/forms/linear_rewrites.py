@@ -20,7 +20,7 @@ import math
 import torch
 
 from ..importer.dynamic import is_symbolic_value
-from ..partition.rewrite_nodes import emit_node, source_meta
+from .rewrite_nodes import emit_node, source_meta
 
 __all__ = ["linear_as_2d"]
 

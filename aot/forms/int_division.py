@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import torch
 
-from ..partition.rewrite_nodes import emit_node as _emit, shadow, source_meta
+from .rewrite_nodes import emit_node as _emit, shadow, source_meta
 
 __all__ = ["floor_division_exact"]
 
