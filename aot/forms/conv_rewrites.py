@@ -52,6 +52,7 @@ import torch
 from torch._subclasses.fake_tensor import FakeTensor
 
 from .rewrite_nodes import emit_node as _emit, shadow, source_meta
+from ..toolchain.linalg_kernels import depthwise_nhwc
 
 __all__ = ["conv_as_matmul", "depthwise_as_nhwc", "depthwise_as_shifts", "as_matmul"]
 
@@ -210,7 +211,6 @@ def depthwise_as_nhwc(node: torch.fx.Node, g: torch.fx.Graph, env: dict
     ``linalg_kernels.depthwise_nhwc`` (IREE's named channels-last depthwise convolution),
     permuted back, the bias added; operands through ``env``. None for anything else
     (unstrided 3x3 ones are shifted multiply-adds: ``depthwise_as_shifts``)."""
-    from ..toolchain.linalg_kernels import depthwise_nhwc
     c = _conv(node)
     if c is None or c["groups"] == 1 or c["dilation"] != [1, 1]:
         return None

@@ -12,6 +12,7 @@ and flags, like coverage verdicts: measured once, not guessed.
 
 from __future__ import annotations
 
+import concurrent.futures
 import dataclasses
 import logging
 import os
@@ -29,6 +30,13 @@ from ..importer.dynamic import hint
 from .. import timing
 from ..progress import step
 from ..toolchain.targets import Target
+from ..toolchain.iree_compile import try_compile
+from ..toolchain.linalg_kernels import expand, named_kernels
+from ..importer.fx_import import import_graph
+from ..forms.compiled_forms import FORMS, emit
+from ..runtime.device import get_device, torch_to_buffer_view
+from ..fallback.quantized_ops import PREPACKED
+from ..fallback.prepack import _mkl_linear_available, available
 
 __all__ = ["Cost", "CostCache", "measure_nodes", "measure_packed", "measure_decomposed", "start_prefetch",
            "Prefetch", "MIN_FLOPS", "CROSSING_MS", "HANDOFF_MS", "handoff_ms", "Floor",
@@ -148,7 +156,6 @@ class CostCache(JsonCache):
     def __init__(self, target: Target, directory: str | None = None):
         # the compiled forms are part of the key: a measurement of an op's older
         # compiled form (a convolution before ``conv_rewrites``) is not reused
-        from ..forms.compiled_forms import FORMS
         super().__init__("cost", target, key=machine_key() + "|" + FORMS, directory=directory)
 
     def get(self, sig: str) -> Cost | None:
@@ -218,13 +225,10 @@ def _iree_times(graphs: dict[str, torch.fx.Graph], ready: dict[str, tuple], targ
 def _compile_all(graphs: list[torch.fx.Graph], target: Target) -> bytes | None:
     """The one-op graphs as one module (function ``op<i>`` per graph), compiled; None
     when IREE fails on it."""
-    from ..toolchain.iree_compile import try_compile
     return try_compile(_module_text(graphs), target)[0]
 
 
 def _module_text(graphs: list[torch.fx.Graph]) -> str:
-    from ..importer.fx_import import import_graph
-    from ..toolchain.linalg_kernels import expand
     module = None
     for i, g in enumerate(graphs):
         module = import_graph(g, func_name=f"op{i}", module=module)
@@ -252,9 +256,6 @@ class Prefetch:
     PARTS = 2
 
     def __init__(self, todo: dict[str, torch.fx.Graph], target: Target):
-        import concurrent.futures
-
-        from ..toolchain.iree_compile import try_compile
         self.sigs = list(todo)
         parts = _balanced(todo, min(self.PARTS, len(todo)))
         pool = concurrent.futures.ThreadPoolExecutor(len(parts), thread_name_prefix="aot-cost")
@@ -319,7 +320,6 @@ def start_prefetch(nodes: list[torch.fx.Node], target: Target, cache: CostCache)
 def _time_functions(vmfb: bytes, graphs: dict[int, torch.fx.Graph], target: Target,
                     device: str) -> list[float]:
     """Time function ``op<i>`` of ``vmfb`` for each ``i, graph`` of ``graphs``."""
-    from ..runtime.device import get_device, torch_to_buffer_view
     import iree.runtime as rt
 
     hal = get_device(target.driver)
@@ -382,8 +382,6 @@ def _decomposed(node: torch.fx.Node, decomposition, device: str
     """``(ATen kernel's median ms, the decomposition traced as a one-op-like graph)``."""
     import torch.utils._pytree as pytree
     from torch.fx.experimental.proxy_tensor import make_fx
-
-    from ..fallback.quantized_ops import PREPACKED
 
     vals = map_aggregate(node.args, lambda a: a.meta.get("val") if isinstance(a, torch.fx.Node) else a)
     args = map_aggregate(vals, lambda v: _real(v, device))
@@ -450,7 +448,6 @@ def _packed_ms(node: torch.fx.Node) -> float | None:
     it (``aot.fallback.prepack``: MKL's packed linear, oneDNN's convolution on a
     reordered weight and a channels-last input), or None where it packs no such op (a
     convolution of a 1x1 input runs as ``addmm`` there)."""
-    from ..fallback.prepack import _mkl_linear_available, available
     vals = map_aggregate(node.args, lambda a: a.meta.get("val") if isinstance(a, torch.fx.Node) else a)
     if any(isinstance(v, torch.Tensor) and v.dtype != torch.float32 for v in vals[:3]) \
             or node.kwargs or len(vals) < 2:
@@ -494,8 +491,6 @@ def _compiled_form(graph: torch.fx.Graph, target: Target) -> torch.fx.Graph:
     a convolution IREE runs badly becomes a matmul, shifted multiply-adds or a named
     channels-last one, attention two matmuls, a global pool a mean): what IREE's side of
     the comparison runs."""
-    from ..forms.compiled_forms import emit
-    from ..toolchain.linalg_kernels import named_kernels
     g, env, named = torch.fx.Graph(), {}, named_kernels(target)
     for n in graph.nodes:
         new = emit(n, g, env, named)

@@ -28,6 +28,7 @@ from .signatures import op_signature
 from ..toolchain.iree_compile import first_error, try_compile
 from ..progress import step
 from ..toolchain.targets import Target
+from ..toolchain.tiling_flags import untiled
 
 __all__ = ["Verdict", "CoverageCache", "Assumed", "assumes_coverage", "op_signature",
            "probe_nodes"]
@@ -51,7 +52,6 @@ class CoverageCache(JsonCache):
     """
 
     def __init__(self, target: Target, directory: str | None = None):
-        from ..toolchain.tiling_flags import untiled
         super().__init__("coverage", untiled(target), directory=directory)
 
     def get(self, sig: str) -> Verdict | None:

@@ -32,6 +32,8 @@ from .iree_faults import iree_fault
 from .outline import carried
 from .placement import COMPILED, KERNEL_CALL, Placement, PlacementPolicy, matches_forced, op_name
 from ..toolchain.targets import Target
+from .cost import CROSSING_MS, CostCache, measure_decomposed, measure_nodes, start_prefetch
+from ..fallback.quantized_ops import NAMESPACE
 
 __all__ = ["Decisions", "decide", "is_assert", "op_nodes"]
 log = logging.getLogger(__name__)
@@ -175,7 +177,6 @@ def _output_types(ep) -> list:
 
 def _measure_before_decomposing(op, policy: PlacementPolicy, target: Target) -> bool:
     """Ops with both an ATen kernel and a decomposition we wrote: the quantized ``aot_q`` ops."""
-    from ..fallback.quantized_ops import NAMESPACE
     return (policy.fallback == "auto" and policy.placement == "auto"
             and isinstance(op, torch._ops.OpOverload) and op.namespace == NAMESPACE
             and (target.driver.startswith("local") or torch.cuda.is_available()))
@@ -185,7 +186,6 @@ def _aten_faster(decompositions: dict, nodes, target: Target) -> dict:
     """``{op: measured reason to keep it in ATen rather than decompose it}`` for the ops
     of ``decompositions`` (``{op: decomposition}``) whose ATen kernels are faster over
     their call sites among ``nodes``."""
-    from .cost import CROSSING_MS, CostCache, measure_decomposed
     sites = [n for n in nodes if n.target in decompositions]
     if not sites:
         return {}
@@ -231,7 +231,6 @@ def _prefetch_costs(ep, target: Target, policy: PlacementPolicy, cache: Coverage
              and (cache.get(op_signature(n)) or Verdict(True)).covered]
     if not heavy:
         return None
-    from .cost import CostCache, start_prefetch
     return start_prefetch(heavy, target, CostCache(target))
 
 
@@ -243,7 +242,6 @@ def _costs(ep, target: Target, policy: PlacementPolicy, verdicts, prefetch=None)
              and verdicts.get(op_signature(n), Verdict(False)).covered]
     if not heavy and prefetch is None:
         return {}
-    from .cost import CostCache, measure_nodes
     return measure_nodes(heavy, target, CostCache(target), prefetch)
 
 

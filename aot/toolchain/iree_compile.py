@@ -16,6 +16,7 @@ from iree.compiler.tools.debugging import TempFileSaver
 
 from ..errors import CompileFailed
 from .targets import Target
+from .stablehlo import host_calls, to_stablehlo
 
 __all__ = ["compile_mlir", "compile_error", "discard_dump", "try_compile", "first_error"]
 log = logging.getLogger(__name__)
@@ -29,7 +30,6 @@ def try_compile(asm: str | bytes, target: Target) -> tuple[bytes | None, str]:
     (``aot.toolchain.stablehlo``); its diagnostics point at ``asm``'s lines as IREE's do."""
     input_type = "torch"
     if target.via == "stablehlo":
-        from .stablehlo import host_calls, to_stablehlo
         shlo, diag = to_stablehlo(asm)
         if shlo is None:
             return None, diag

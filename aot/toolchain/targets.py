@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 from ..errors import CompileFailed
 from .cpu_targets import CpuTarget, cpu_flags, resolve_cpu
+from .stablehlo import check
 
 __all__ = ["Target", "TARGETS", "PROFILES", "VIAS", "get_target"]
 VIAS = ("torch", "stablehlo")
@@ -67,7 +68,6 @@ def get_target(name: str, extra_flags: tuple[str, ...] = (), profile: str = "def
     if via not in VIAS:
         raise CompileFailed(f"unknown via {via!r}; choose one of {list(VIAS)}", stage="options")
     if via == "stablehlo":
-        from .stablehlo import check
         check()  # torch-mlir installed, or a clear error before anything runs
     base, _, spec = name.partition(":") if isinstance(name, str) else (name, "", "")
     try:

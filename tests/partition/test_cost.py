@@ -33,7 +33,7 @@ def test_signatures_are_measured_in_one_compile_and_cached(tmp_path, monkeypatch
     target = get_target("cpu")
     runs = []
     real = iree_compile.try_compile
-    monkeypatch.setattr(iree_compile, "try_compile", lambda *a, **k: runs.append(1) or real(*a, **k))
+    monkeypatch.setattr(cost, "try_compile", lambda *a, **k: runs.append(1) or real(*a, **k))
     nodes = _heavy_nodes()
     assert len(nodes) == 3
     got = measure_nodes(nodes, target, CostCache(target, directory=str(tmp_path)))
@@ -53,7 +53,7 @@ def test_a_module_that_does_not_compile_falls_back_to_one_compile_per_op(tmp_pat
     def fails_together(text, tgt, *a, **k):  # the batch fails; each op alone compiles
         calls.append(text.count("func.func @op"))
         return (None, "error: simulated") if text.count("func.func @op") > 1 else real(text, tgt, *a, **k)
-    monkeypatch.setattr(iree_compile, "try_compile", fails_together)
+    monkeypatch.setattr(cost, "try_compile", fails_together)
     got = measure_nodes(_heavy_nodes(), target, CostCache(target, directory=str(tmp_path)))
     assert calls == [3, 1, 1, 1]
     assert all(c.iree_ms and c.iree_ms > 0 for c in got.values())
@@ -67,7 +67,7 @@ def test_a_prefetch_compiles_while_coverage_is_probed_and_is_timed_after(tmp_pat
     target = get_target("cpu")
     runs = []
     real = iree_compile.try_compile
-    monkeypatch.setattr(iree_compile, "try_compile",
+    monkeypatch.setattr(cost, "try_compile",
                         lambda text, *a, **k: runs.append(text.count("func.func @op"))
                         or real(text, *a, **k))
     nodes = _heavy_nodes()
@@ -89,7 +89,7 @@ def test_a_prefetch_that_fails_leaves_the_measurement_as_it_was(tmp_path, monkey
         prefetching = threading.current_thread().name.startswith("aot-cost")
         calls.append((prefetching, text.count("func.func @op")))
         return (None, "error: simulated") if prefetching else real(text, tgt, *a, **k)
-    monkeypatch.setattr(iree_compile, "try_compile", fails_first)
+    monkeypatch.setattr(cost, "try_compile", fails_first)
     nodes = _heavy_nodes()
     cache = CostCache(target, directory=str(tmp_path))
     got = measure_nodes(nodes, target, cache, cost.start_prefetch(nodes, target, cache))
