@@ -80,3 +80,24 @@ def test_loading_imports_only_transformers_own_output_modules():
     assert "transformers.models.gpt2.modeling_gpt2" in sys.modules
     import torch.utils._pytree as pytree
     assert names[-1] in pytree.SERIALIZED_TYPE_TO_PYTHON_TYPE
+
+
+def test_a_decode_step_takes_the_cache_as_input(gpt2):
+    """One token after the prompt, the prompt's ``DynamicCache`` passed in (with a padding
+    mask over a batch of two): the artifact's logits and grown cache are eager's."""
+    import copy
+    m, _, _ = gpt2
+    g = torch.Generator().manual_seed(1)
+    ids = torch.randint(0, 1000, (2, 6), generator=g)
+    mask = torch.ones(2, 6, dtype=torch.int64)
+    mask[1, :2] = 0
+    with torch.no_grad():
+        past = m(ids, attention_mask=mask).past_key_values
+        nxt = torch.randint(0, 1000, (2, 1), generator=g)
+        mask = torch.cat([mask, torch.ones(2, 1, dtype=torch.int64)], 1)
+        ref = m(nxt, past_key_values=copy.deepcopy(past), attention_mask=mask)
+    kwargs = {"past_key_values": copy.deepcopy(past), "attention_mask": mask}
+    cm = aot.compile(m, (nxt,), example_kwargs=kwargs)
+    out = cm(nxt, past_key_values=copy.deepcopy(past), attention_mask=mask)
+    _same(out, ref, 1e-5)
+    assert out.past_key_values.layers[0].keys.shape[2] == 7
