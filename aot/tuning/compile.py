@@ -37,6 +37,7 @@ from .specialize import specialize, worth_specializing
 from ..toolchain.targets import Target
 from ..toolchain.tiling_flags import DYNAMIC_UNSAFE, safe_for_dynamic, tiled_target
 from ..backend.tiling import worth_tiling
+from ..toolchain.stablehlo import to_stablehlo
 
 __all__ = ["compile_model", "program_target", "stablehlo_module"]
 log = logging.getLogger(__name__)
@@ -157,7 +158,6 @@ def stablehlo_module(imported: ImportedProgram, target: Target,
         CompileFailed: torch-mlir fails and no op is to blame (or ``fallback`` is not
             ``"auto"``); the message has torch-mlir's first error.
     """
-    from ..toolchain.stablehlo import to_stablehlo
     target = dataclasses.replace(program_target(imported, target), via="stablehlo")
     # one custom call per ATen op
     policy = dataclasses.replace(policy, group=False, placement="coverage", plan=None)

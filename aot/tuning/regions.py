@@ -145,6 +145,8 @@ from ..partition.flops import node_flops
 from ..errors import UnsupportedOp
 from ..partition.placement import KERNEL_CALL, Placement, PlacementPolicy
 from ..toolchain.targets import Target
+from ..partition.disk_cache import JsonCache
+from ..partition.partitioner import partition
 
 __all__ = ["may_measure", "worth_measuring", "choose_region", "aten_candidates", "choice", "program_key", "RUNS", "BUDGET_S", "MARGIN"]
 log = logging.getLogger(__name__)
@@ -516,7 +518,6 @@ def program_key(imported: ImportedProgram, target: Target, cands: dict) -> str:
 
 
 def _cache(target: Target):
-    from ..partition.disk_cache import JsonCache
     return JsonCache("regions", target, key=machine_key())
 
 
@@ -548,8 +549,6 @@ def _pinned(plan: dict | None, cands: dict) -> dict | None:
 
 def aten_candidates(imported: ImportedProgram, target: Target) -> dict:
     """The whole-ATen-region candidates for this program and target (none on failure)."""
-    from ..partition.partitioner import partition
-
     cands = {}
     try:
         p = partition(imported, target, PlacementPolicy("all"))
