@@ -36,7 +36,7 @@ from ..importer.fx_import import import_graph
 from ..forms.compiled_forms import FORMS, emit
 from ..runtime.device import get_device, torch_to_buffer_view
 from ..fallback.quantized_ops import PREPACKED
-from ..fallback.prepack import _mkl_linear_available, available
+from ..fallback.prepack import _CONV_ARGS, _mkl_linear_available, available
 
 __all__ = ["Cost", "CostCache", "measure_nodes", "measure_packed", "measure_decomposed", "start_prefetch",
            "Prefetch", "MIN_FLOPS", "CROSSING_MS", "HANDOFF_MS", "handoff_ms", "Floor",
@@ -462,13 +462,13 @@ def _packed_ms(node: torch.fx.Node) -> float | None:
             torch.ops.mkl._mkl_linear(x, packed, w, b, batch)
     elif node.target in (_aten.conv2d.default, _aten.convolution.default) and available() \
             and w.dim() == 4 and x.dim() == 4 and tuple(x.shape[2:]) != (1, 1):
-        if node.target is _aten.conv2d.default:
-            stride, padding, dilation, groups = [vals[i] if len(vals) > i else d for i, d in
-                                                 ((3, [1]), (4, [0]), (5, [1]), (6, 1))]
-        else:
-            stride, padding, dilation, transposed, _, groups = vals[3:9]
-            if transposed:
-                return None
+        if node.target is _aten.convolution.default and vals[6]:
+            return None  # transposed: not packed
+        # the operand positions the prepacked region reads (conv2d's defaults where omitted)
+        at = _CONV_ARGS[node.target._schema.name]
+        default = dict(zip(at, ([1], [0], [1], 1)))
+        stride, padding, dilation, groups = (vals[i] if len(vals) > i else default[i]
+                                             for i in at)
         if isinstance(padding, str):
             return None
         stride, padding, dilation = ([int(v) for v in a] * (2 if len(a) == 1 else 1)
