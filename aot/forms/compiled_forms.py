@@ -66,6 +66,8 @@ def emit(node: torch.fx.Node, g: torch.fx.Graph, env: dict, named: bool = False,
     symbolic = _follows_symbols(node)
     if named and not symbolic and not portable:
         new = depthwise_as_nhwc(node, g, env)
+        if new is None:
+            new = conv_as_matmul(node, g, env, named=True)
         if new is not None:
             return new
     for rewrite in _REWRITES:

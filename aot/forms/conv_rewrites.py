@@ -3,7 +3,10 @@
 A 1x1 convolution is a matmul over channels (after a subsample, when strided); a
 kxk convolution is a matmul over its im2col columns (k*k slices stacked; two
 ``unfold`` views and one transposing copy where strided; a view and one transposing
-copy where the stride is the kernel: a patch embedding).
+copy where the stride is the kernel: a patch embedding). On IREE's CPU backend, an
+unstrided float32 one whose output rows are whole vectors (or short) gathers its
+columns in one copy instead (``linalg_kernels.im2col``): one dispatch where the slices make k*k, each
+its own executable, so a shorter compile at the same speed.
 IREE lowers the convolution forms to loop nests far slower than oneDNN, and runs
 matmuls at parity (issue 15), so 1x1, strided and unstrided kxk convolutions alike
 run faster as matmuls, and data tiling with microkernels (``tiling``) brings those
@@ -52,7 +55,7 @@ import torch
 from torch._subclasses.fake_tensor import FakeTensor
 
 from .rewrite_nodes import emit_node as _emit, shadow, source_meta
-from ..toolchain.linalg_kernels import depthwise_nhwc
+from ..toolchain.linalg_kernels import depthwise_nhwc, im2col
 
 __all__ = ["conv_as_matmul", "depthwise_as_nhwc", "depthwise_as_shifts", "as_matmul"]
 
@@ -61,6 +64,8 @@ aten = torch.ops.aten
 # most SMALL_OUTPUT bytes (IREE splits a sum of more taps into several loops, each
 # writing its partial sum out: beyond the caches that costs more than it saves)
 MAX_TAPS, MAX_TAPS_SMALL, SMALL_OUTPUT = 25, 49, 5 << 19
+# float32 lanes of an AVX-512 vector: output rows of whole vectors gather well (_gathers_well)
+GATHER_LANES = 16
 
 # producers of a strided depthwise convolution's input that may fuse into its phase split
 _CHEAP = {aten.relu.default, aten.hardtanh.default, aten.clamp.default, aten.hardswish.default}
@@ -342,11 +347,32 @@ def _unfolded(g, cur, val, taps, stride, size, keep):
     return cur, val
 
 
-def conv_as_matmul(node: torch.fx.Node, g: torch.fx.Graph, env: dict) -> torch.fx.Node | None:
+def _gathers_well(wo: int) -> bool:
+    """Whether IREE runs ``linalg_kernels.im2col`` about as fast as a slice per tap for an
+    unstrided kernel with output rows ``wo`` wide: rows of whole 16-lane vectors, or
+    short rows (``benchmarks/im2col_forms.py``: unstrided 3x3 kernels on 32x32, 28x28,
+    16x16 and 7x7 maps within noise of the slices or faster; on 56x56 ones, whose rows
+    end in a partial vector, 1.1-1.3x slower). Strided kernels keep ``unfold``: one
+    dispatch already, and the gather is no faster there."""
+    return wo % GATHER_LANES == 0 or wo <= GATHER_LANES
+
+
+def _gathered(g, cur, val, taps, stride, keep):
+    """``(node, value)``: ``_columns`` as one copy (``linalg_kernels.im2col``)."""
+    (kh, kw), (sh, sw) = taps, stride
+    val = im2col(val, kh, kw, sh, sw)
+    return _emit(g, im2col, (cur, kh, kw, sh, sw), val, keep), val
+
+
+def conv_as_matmul(node: torch.fx.Node, g: torch.fx.Graph, env: dict, named: bool = False
+                   ) -> torch.fx.Node | None:
     """For a compiled conv2d that IREE runs badly as a convolution (see ``_plan``): emit
     it into ``g`` as columns (a subsample, or strided slices stacked: im2col), a matmul
     over them and the bias add, operands through ``env``; return the result node, or
     None (the caller copies the node as it is).
+
+    ``named``: the target takes ``linalg_kernels`` ops: a float32 kxk kernel's columns
+    are one copy (``linalg_kernels.im2col``) instead of a slice per tap.
 
     Only compiled convolutions are rewritten: ATen runs them well (oneDNN).
     """
@@ -364,6 +390,9 @@ def conv_as_matmul(node: torch.fx.Node, g: torch.fx.Graph, env: dict) -> torch.f
     kk = c * kh * kw
     if (sh, sw) == (kh, kw) and kk > c and plan["padding"] == [0, 0]:
         col, cval = _patches(g, cur, val, (kh, kw), (ho, wo), keep)
+    elif named and (sh, sw) == (1, 1) and kh * kw > 1 and val.dtype == torch.float32 \
+            and _gathers_well(wo):
+        col, cval = _gathered(g, cur, val, (kh, kw), (sh, sw), keep)
     elif (sh, sw) != (1, 1) and kh * kw > 1:  # (a strided 1x1 kernel: one subsample)
         col, cval = _unfolded(g, cur, val, (kh, kw), (sh, sw), (ho, wo), keep)
     else:

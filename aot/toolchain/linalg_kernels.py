@@ -12,6 +12,11 @@ An ``util.optimization_barrier`` on its operands and result keeps IREE from fold
 permutations into the convolution: folded, it becomes a generic convolution that runs
 at the NCHW form's speed.
 
+``aot_cc::im2col`` is a convolution's im2col columns as one copy whose innermost loop
+runs along an output row (``conv_rewrites.conv_as_matmul``): torch-mlir's ``unfold`` and
+permutation make a copy whose innermost loop runs across the taps, and slices make one
+dispatch and one executable per tap.
+
 Like the kernel-call placeholders (``kernel_call_op``), the op exists only between
 partitioning and ``expand``; its eager kernel (ATen's convolution) is for shape
 inference and tests.
@@ -24,11 +29,12 @@ import torch
 from .._mlir import ir
 from ..errors import InternalError
 
-__all__ = ["NAMESPACE", "depthwise_nhwc", "expand", "named_kernels"]
+__all__ = ["NAMESPACE", "depthwise_nhwc", "expand", "im2col", "named_kernels"]
 
 NAMESPACE = "aot_cc"
 _lib = torch.library.Library(NAMESPACE, "FRAGMENT")
 _lib.define("depthwise_nhwc(Tensor x, Tensor w, int sh, int sw) -> Tensor")
+_lib.define("im2col(Tensor x, int kh, int kw, int sh, int sw) -> Tensor")
 
 
 def _depthwise_nhwc(x: torch.Tensor, w: torch.Tensor, sh: int, sw: int) -> torch.Tensor:
@@ -42,6 +48,16 @@ def _depthwise_nhwc(x: torch.Tensor, w: torch.Tensor, sh: int, sw: int) -> torch
 
 _lib.impl("depthwise_nhwc", _depthwise_nhwc, "CompositeExplicitAutograd")
 depthwise_nhwc = torch.ops.aot_cc.depthwise_nhwc.default
+
+
+def _im2col(x: torch.Tensor, kh: int, kw: int, sh: int, sw: int) -> torch.Tensor:
+    """``x`` ``[n, c, h, w]`` (padded already): its ``[n, c, kh, kw, ho, wo]`` windows,
+    tap ``(i, j)``'s at ``[:, :, i, j]``."""
+    return x.unfold(2, kh, sh).unfold(3, kw, sw).permute(0, 1, 4, 5, 2, 3).contiguous()
+
+
+_lib.impl("im2col", _im2col, "CompositeExplicitAutograd")
+im2col = torch.ops.aot_cc.im2col.default
 
 def named_kernels(target) -> bool:
     """Whether the compiled forms for ``target`` may call these ops: IREE's CPU backend
@@ -57,7 +73,7 @@ def _int(value) -> int:
     """The integer a ``torch.constant.int`` operand holds."""
     op = value.owner
     if op.name != "torch.constant.int":
-        raise InternalError(f"{NAMESPACE}.depthwise_nhwc: a stride that is not a constant")
+        raise InternalError(f"{NAMESPACE}: a size or stride that is not a constant")
     return ir.IntegerAttr(op.attributes["value"]).value
 
 
@@ -66,7 +82,7 @@ def _builtin(vtensor: str) -> str:
     inner = vtensor.removeprefix("!torch.vtensor<[").removesuffix(">")
     dims, elem = inner.split("],")
     if elem not in _ELEMENT or "?" in dims or "-1" in dims:
-        raise InternalError(f"{NAMESPACE}.depthwise_nhwc on {vtensor}: not emitted for it")
+        raise InternalError(f"{NAMESPACE} on {vtensor}: not emitted for it")
     return f"tensor<{'x'.join(dims.split(','))}x{_ELEMENT[elem]}>"
 
 
@@ -86,39 +102,76 @@ def _function(name: str, x: str, w: str, y: str, sh: int, sw: int) -> str:
 }}"""
 
 
+def _im2col_function(name: str, x: str, y: str, sh: int, sw: int) -> str:
+    """One copy whose innermost loop runs along an output row: each window is read and
+    written contiguously (unstrided), one dispatch where tap-by-tap slices make
+    ``kh * kw``, and unlike ``unfold``'s transposing copy, whose innermost loop IREE runs
+    across the taps."""
+    elem = y.rsplit("x", 1)[1].removesuffix(">")
+    ins = f"affine_map<(n, c, i, j, r, s) -> (n, c, r * {sh} + i, s * {sw} + j)>"
+    outs = "affine_map<(n, c, i, j, r, s) -> (n, c, i, j, r, s)>"
+    return f"""func.func private @{name}(%x: {x}) -> {y} {{
+  %empty = tensor.empty() : {y}
+  %r = linalg.generic {{indexing_maps = [{ins}, {outs}],
+      iterator_types = ["parallel", "parallel", "parallel", "parallel", "parallel", "parallel"]}}
+      ins(%x : {x}) outs(%empty : {y}) {{
+  ^bb0(%in: {elem}, %out: {elem}):
+    linalg.yield %in : {elem}
+  }} -> {y}
+  return %r : {y}
+}}"""
+
+
+_KERNELS = ("depthwise_nhwc", "im2col")
+
+
 def _found(module: "ir.Module") -> list:
+    names = {f"torch.{NAMESPACE}.{k}" for k in _KERNELS}
     out = []
     for func in module.body.operations:
         for block in func.regions[0].blocks if len(func.regions) else []:
             for op in block.operations:
                 if op.operation.name == "torch.operator" and ir.StringAttr(
-                        op.operation.attributes["name"]).value == f"torch.{NAMESPACE}.depthwise_nhwc":
+                        op.operation.attributes["name"]).value in names:
                     out.append(op.operation)
     return out
 
 
+def _kernel(op) -> tuple[str, list, list[int]]:
+    """``(kind, tensor operands, int operands)`` of a placeholder."""
+    kind = ir.StringAttr(op.attributes["name"]).value.rsplit(".", 1)[1]
+    operands = list(op.operands)
+    tensors = operands[:2] if kind == "depthwise_nhwc" else operands[:1]
+    ints = [_int(v) for v in operands[len(tensors):]]
+    return kind, tensors, ints
+
+
 def expand(module: "ir.Module") -> "ir.Module":
-    """Rewrite ``module`` in place: each ``aot_cc.depthwise_nhwc`` placeholder becomes a
-    call of a private function holding the named convolution (one per signature)."""
+    """Rewrite ``module`` in place: each ``aot_cc`` placeholder (``depthwise_nhwc``,
+    ``im2col``) becomes a call of a private function holding its linalg op (one per
+    signature)."""
     ops = _found(module)
     if not ops:
         return module
     made: dict[str, str] = {}
     with module.context, ir.Location.unknown():
         for op in ops:
-            x_t, w_t = (str(v.type) for v in list(op.operands)[:2])
-            y_t = str(op.results[0].type)
-            sh, sw = _int(op.operands[2]), _int(op.operands[3])
-            x, w, y = _builtin(x_t), _builtin(w_t), _builtin(y_t)
-            key = f"{x}|{w}|{y}|{sh}|{sw}"
+            kind, tensors, ints = _kernel(op)
+            types = [_builtin(str(v.type)) for v in tensors]
+            y = _builtin(str(op.results[0].type))
+            key = "|".join([kind, *types, y, *map(str, ints)])
             if key not in made:
-                made[key] = f"{NAMESPACE}.depthwise_nhwc_{len(made)}"
-                fn = ir.Operation.parse(_function(made[key], x, w, y, sh, sw))
+                made[key] = f"{NAMESPACE}.{kind}_{len(made)}"
+                if kind == "depthwise_nhwc":
+                    text = _function(made[key], *types, y, *ints)
+                else:  # im2col: kh, kw are in the types; the strides are not
+                    text = _im2col_function(made[key], types[0], y, *ints[2:])
+                fn = ir.Operation.parse(text)
                 ir.InsertionPoint.at_block_begin(module.body).insert(fn)
             with ir.InsertionPoint(op), op.location:
                 args = [ir.Operation.create("torch_c.to_builtin_tensor", operands=[v],
                                             results=[ir.Type.parse(t)]).result
-                        for v, t in zip(list(op.operands)[:2], (x, w))]
+                        for v, t in zip(tensors, types)]
                 call = ir.Operation.create(
                     "func.call", operands=args, results=[ir.Type.parse(y)],
                     attributes={"callee": ir.FlatSymbolRefAttr.get(made[key])})

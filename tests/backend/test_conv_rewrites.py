@@ -58,12 +58,60 @@ def test_a_strided_1x1_conv_in_aten_keeps_its_form():
     assert "torch.aten.slice.Tensor" not in p.mlir
 
 
-def test_an_unstrided_kxk_conv_is_im2col_and_a_matmul():
+@pytest.mark.parametrize("hw", [(9, 9), (20, 20)])
+def test_an_unstrided_kxk_conv_is_im2col_by_slices_and_a_matmul_without_named_kernels(
+        monkeypatch, hw):
+    monkeypatch.setattr("aot.partition.partitioner.named_kernels", lambda target: False)
     conv = torch.nn.Conv2d(4, 4, 3, padding=1)
-    p = partition(import_model(conv.eval(), (torch.randn(1, 4, 9, 9),)), get_target("cpu"),
+    p = partition(import_model(conv.eval(), (torch.randn(1, 4, *hw),)), get_target("cpu"),
                   PlacementPolicy("auto", (), "coverage"))
     assert "torch.aten.conv2d" not in p.mlir and "torch.aten.matmul" in p.mlir
     assert p.mlir.count("torch.aten.slice.Tensor") == 18  # 9 windows of the padded input: rows, cols
+    assert "aot_cc.im2col" not in p.mlir
+
+
+@pytest.mark.parametrize("hw,gathered", [((9, 9), True), ((32, 12), True), ((20, 20), False),
+                                         ((6, 56), False)])
+def test_an_unstrided_kxk_conv_on_the_cpu_gathers_its_columns_where_rows_are_whole_vectors(
+        hw, gathered):
+    """IREE's CPU backend: one copy (``linalg_kernels.im2col``) for output rows of whole
+    16-lane vectors or at most 16 wide; a slice per tap for the others."""
+    torch.manual_seed(0)
+    conv = torch.nn.Conv2d(4, 5, 3, padding=1).eval()
+    x = torch.randn(1, 4, *hw)
+    p = partition(import_model(conv, (x,)), get_target("cpu"),
+                  PlacementPolicy("auto", (), "coverage"))
+    assert "torch.aten.conv2d" not in p.mlir and "torch.aten.matmul" in p.mlir
+    assert (p.mlir.count("call @aot_cc.im2col_") == 1) == gathered
+    assert p.mlir.count("torch.aten.slice.Tensor") == (0 if gathered else 18)
+    cm = aot.compile(conv, (x,), placement="coverage")
+    with torch.no_grad():
+        torch.testing.assert_close(cm(x), conv(x), rtol=1e-5, atol=1e-5)
+
+
+def test_im2col_is_one_function_per_signature_and_strided_kernels_keep_their_unfolds():
+    torch.manual_seed(0)
+    m = torch.nn.Sequential(torch.nn.Conv2d(3, 3, 3, padding=1), torch.nn.ReLU(),
+                            torch.nn.Conv2d(3, 3, 3, padding=1),
+                            torch.nn.Conv2d(3, 4, 3, stride=2, padding=1)).eval()
+    x = torch.randn(2, 3, 16, 16)
+    p = partition(import_model(m, (x,)), get_target("cpu"), PlacementPolicy("auto", (), "coverage"))
+    assert p.mlir.count("func.func private @aot_cc.im2col_") == 1
+    assert p.mlir.count("call @aot_cc.im2col_") == 2
+    assert p.mlir.count("torch.aten.unfold") == 2
+    cm = aot.compile(m, (x,), placement="coverage")
+    with torch.no_grad():
+        torch.testing.assert_close(cm(x), m(x), rtol=1e-5, atol=1e-5)
+
+
+def test_im2col_eager_kernel_matches_slices():
+    from aot.toolchain.linalg_kernels import im2col
+    x = torch.randn(2, 3, 7, 9)
+    cols = im2col(x, 3, 2, 1, 1)
+    assert cols.shape == (2, 3, 3, 2, 5, 8) and cols.is_contiguous()
+    for i in range(3):
+        for j in range(2):
+            assert torch.equal(cols[:, :, i, j], x[:, :, i:i + 5, j:j + 8])
 
 
 def test_a_strided_kxk_conv_is_two_unfolds_a_transpose_and_a_matmul():
