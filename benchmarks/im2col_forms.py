@@ -55,7 +55,7 @@ def _forms(node, target):
     out = {}
     real = conv_rewrites._gathers_well
     for name, gathers in (("gather", True), ("slices", False)):
-        conv_rewrites._gathers_well = lambda wo, gathers=gathers: gathers
+        conv_rewrites._gathers_well = lambda wo, stride, gathers=gathers: gathers
         try:
             out[name] = cost._module_text([cost._compiled_form(_probe_graph(node), target)])
         finally:

@@ -347,14 +347,14 @@ def _unfolded(g, cur, val, taps, stride, size, keep):
     return cur, val
 
 
-def _gathers_well(wo: int) -> bool:
+def _gathers_well(wo: int, stride: tuple) -> bool:
     """Whether IREE runs ``linalg_kernels.im2col`` about as fast as a slice per tap for an
     unstrided kernel with output rows ``wo`` wide: rows of whole 16-lane vectors, or
     short rows (``benchmarks/im2col_forms.py``: unstrided 3x3 kernels on 32x32, 28x28,
     16x16 and 7x7 maps within noise of the slices or faster; on 56x56 ones, whose rows
     end in a partial vector, 1.1-1.3x slower). Strided kernels keep ``unfold``: one
     dispatch already, and the gather is no faster there."""
-    return wo % GATHER_LANES == 0 or wo <= GATHER_LANES
+    return stride == (1, 1) and (wo % GATHER_LANES == 0 or wo <= GATHER_LANES)
 
 
 def _gathered(g, cur, val, taps, stride, keep):
@@ -390,8 +390,7 @@ def conv_as_matmul(node: torch.fx.Node, g: torch.fx.Graph, env: dict, named: boo
     kk = c * kh * kw
     if (sh, sw) == (kh, kw) and kk > c and plan["padding"] == [0, 0]:
         col, cval = _patches(g, cur, val, (kh, kw), (ho, wo), keep)
-    elif named and (sh, sw) == (1, 1) and kh * kw > 1 and val.dtype == torch.float32 \
-            and _gathers_well(wo):
+    elif named and kh * kw > 1 and val.dtype == torch.float32 and _gathers_well(wo, (sh, sw)):
         col, cval = _gathered(g, cur, val, (kh, kw), (sh, sw), keep)
     elif (sh, sw) != (1, 1) and kh * kw > 1:  # (a strided 1x1 kernel: one subsample)
         col, cval = _unfolded(g, cur, val, (kh, kw), (sh, sw), (ho, wo), keep)
