@@ -205,14 +205,17 @@ def _quantized_mm(n) -> bool:
     return isinstance(t, torch._ops.OpOverload) and t._schema.name in _QUANTIZED_MM
 
 
-def choose_region(per_op: CompiledArtifact, imported: ImportedProgram, target: Target,
+def choose_region(per_op: CompiledArtifact | None, imported: ImportedProgram, target: Target,
                   policy: PlacementPolicy, example,
                   variants: dict[str, CompiledArtifact] | None = None,
-                  aten: dict[str, CompiledArtifact] | None = None) -> CompiledArtifact:
+                  aten: dict[str, CompiledArtifact] | None = None,
+                  not_compiled: dict[str, str] | None = None) -> CompiledArtifact | None:
     """The fastest of the per-op artifact and the ATen-region candidates.
 
     Args:
-        per_op: the artifact of the per-op placement.
+        per_op: the artifact of the per-op placement; None where it was not compiled
+            (``not_compiled`` says why, and ``variants`` holds at least one). Then the
+            result is None where no variant ran (the caller compiles the per-op one).
         variants: more per-op artifacts to measure (``iree-tiled``: compiled with
             data tiling and microkernels, ``aot.backend.tiling``; ``iree-coverage``).
         imported: the program it was compiled from (batch norm folded).
@@ -223,8 +226,8 @@ def choose_region(per_op: CompiledArtifact, imported: ImportedProgram, target: T
         UnsupportedOp: the plan names a candidate this program does not have here.
     """
     t0 = time.perf_counter()
-    cands = {"iree": per_op}
-    if target.driver == "local-task" and any(
+    cands = {} if per_op is None else {"iree": per_op}
+    if per_op is not None and target.driver == "local-task" and any(
             pl["where"] == "compiled" for pl in per_op.manifest.placements) \
             and per_op.manifest.kernel_calls:
         # IREE's dispatches on the calling thread: no hand-off to worker threads
@@ -247,8 +250,11 @@ def choose_region(per_op: CompiledArtifact, imported: ImportedProgram, target: T
         not_timed: dict[str, str] = {}
         stats = _time_candidates(cands, example, target, not_timed,
                                  _floors(imported, target, cands))
-        if "iree" not in stats and "iree" not in not_timed:
+        if per_op is not None and "iree" not in stats and "iree" not in not_timed:
             return per_op
+        if per_op is None and not any(k in stats for k in variants or {}):
+            return None  # no compiled candidate ran: the caller compiles the per-op one
+        not_timed.update(not_compiled or {})
         measured = [_sizes_of(imported, None)]
         region = _decide(stats)
         if not_timed:
@@ -273,10 +279,12 @@ def choose_region(per_op: CompiledArtifact, imported: ImportedProgram, target: T
         # its placements, not the per-op ones, say where its ops run
         return _with_region(cands[best], region, cands[best].manifest.placements, policy)
     times = region.get("candidates_ms") or {}
-    if best in times and "iree" in times:
+    ran = [k for k in times if k.startswith("iree")]
+    ref = "iree" if "iree" in ran else min(ran, key=times.get) if ran else None
+    if best in times and ref is not None:
         why = (f"one ATen region ({best}): the whole program ran faster in ATen on this "
-               f"machine, {times[best]:.3f} ms vs {times['iree']:.3f} ms with IREE and kernel "
-               "calls (measured end to end)")
+               f"machine, {times[best]:.3f} ms vs {times[ref]:.3f} ms with IREE"
+               f"{' and kernel calls' if ref == 'iree' else f' ({ref})'} (measured end to end)")
     else:
         why = f"one ATen region ({best}): {region.get('source', 'measured')}"
     placements = [dataclasses.replace(Placement.from_json(pl), where=KERNEL_CALL,

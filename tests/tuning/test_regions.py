@@ -533,3 +533,40 @@ def test_the_compiled_floor_is_each_heavy_op_at_the_cheaper_of_iree_and_a_kernel
     assert floor.packed_ms == pytest.approx(0.5 + 4.0)
     cache.put(op_signature(nodes[1]), Cost(4.0, 2.0))
     assert compiled_floor(nodes, target, cache).packed_ms == pytest.approx(0.5)
+
+
+class _MLP(torch.nn.Module):
+    """Matmuls carry it (``worth_tiling``), each over ``MIN_FLOPS``."""
+
+    def __init__(self):
+        super().__init__()
+        self.a, self.b = torch.nn.Linear(128, 256), torch.nn.Linear(256, 128)
+
+    def forward(self, x):
+        return self.b(torch.nn.functional.gelu(self.a(x)))
+
+
+@pytest.mark.parametrize("floor_ms,per_op_compiled", [(50.0, False), (1.0, True)])
+def test_a_slow_program_worth_tiling_compiles_its_tiled_variant_alone(
+        monkeypatch, tmp_path, floor_ms, per_op_compiled):
+    """A static program worth tiling whose heavy ops take ``TILED_ALONE_MS`` or more
+    compiled: one IREE program, the data-tiled one, raced against the ATen regions; the
+    report says why the per-op placement was not compiled. Under it, both are."""
+    from aot.tuning import compile as compile_mod
+    from aot.partition.cost import Floor
+    monkeypatch.setenv("AOT_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(compile_mod, "compiled_floor",
+                        lambda *a: Floor(floor_ms, floor_ms, 2, any_executor_ms=floor_ms))
+    runs = _counting_compiles(monkeypatch)
+    torch.manual_seed(0)
+    m, x = _MLP().eval(), torch.randn(64, 128)
+    cm = aot.compile(m, (x,))
+    region = cm.manifest["region"]
+    assert len(runs) == (2 if per_op_compiled else 1)
+    assert "iree-tiled" in region["candidates_ms"]
+    assert ("iree" in region["candidates_ms"]) == per_op_compiled
+    if not per_op_compiled:
+        assert "per-op placement was not compiled" in region["not_timed"]["iree"]
+        assert "per-op placement was not compiled" in cm.report()
+    with torch.no_grad():
+        torch.testing.assert_close(cm(x), m(x), rtol=1e-4, atol=1e-4)
