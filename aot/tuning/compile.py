@@ -26,6 +26,7 @@ from ..backend.build import build_artifact, compile_input, host_artifact, iree_v
 from ..partition.cost import MEASURED_FASTER, CostCache, compiled_floor, handoff_ms
 from ..partition.coverage import Assumed, assumes_coverage
 from ..partition.decisions import heavy_nodes
+from ..partition.flops import node_flops
 from ..toolchain.iree_compile import compile_error, discard_dump, first_error, try_compile
 from ..partition.partitioner import PartitionedProgram, partition
 from ..partition.placement import PlacementPolicy
@@ -44,9 +45,9 @@ log = logging.getLogger(__name__)
 _MAX_RECOVERY_ROUNDS = 4
 # at most this many kernel calls chosen by per-op measurement: also try all compiled
 COVERAGE_MAX_CALLS = 8
-# a program worth tiling whose heavy ops take at least this long compiled: only its
-# data-tiled variant is compiled, not the per-op placement (``_tiled_alone``)
-TILED_ALONE_MS = 5.0
+# a static program worth tiling with this many GFLOP in heavy ops or more (about 5 ms
+# at this machine's 200 GFLOP/s): only its data-tiled variant is compiled (``_tiled_alone``)
+TILED_ALONE_GFLOP = 1.0
 # IREE demotes f64 to f32 by default, which changes a function's ABI and eager's
 # precision; a program holding float64 keeps it (IREE's f64 code is exact where it
 # lowers; ops it does not lower in f64 become kernel calls by probing, as any op)
@@ -186,7 +187,14 @@ def _compile_split(imported: ImportedProgram, target: Target, policy: PlacementP
     imported, folded = prepare(imported, policy)
     demoted: dict[str, str] = {}
     assumed = Assumed() if assumes_coverage(target, policy) else None
-    aten, tried_alone = None, False
+    aten = None
+    if example is not None:
+        art = _tiled_alone(imported, target, policy, example, assumed)
+        if art is not None:
+            return art.with_manifest(compile_seconds=round(time.perf_counter() - t0, 3),
+                                     folded_ops=folded)
+        if assumed is not None and assumed.sigs:
+            assumed = None  # the variant failed, maybe on an op assumed to lower: probe them
     for _ in range(_MAX_RECOVERY_ROUNDS + 1 + (assumed is not None)):
         p = partition(imported, target, policy, demoted=demoted, assume=assumed)
         if aten is None and example is not None:
@@ -195,12 +203,6 @@ def _compile_split(imported: ImportedProgram, target: Target, policy: PlacementP
                 return art.with_manifest(compile_seconds=round(time.perf_counter() - t0, 3),
                                          folded_ops=folded)
         p = _without_calls_that_do_not_pay(p, imported, target, policy, demoted, assumed)
-        if not tried_alone and example is not None:
-            tried_alone = True  # once: a variant that failed is not tried again
-            art = _tiled_alone(p, imported, target, policy, example, demoted, assumed)
-            if art is not None:
-                return art.with_manifest(compile_seconds=round(time.perf_counter() - t0, 3),
-                                         folded_ops=folded)
         # the compiles run beside each other and beside this thread, which meanwhile
         # partitions the variant and builds the ATen-region candidates: each iree-compile
         # keeps about one core busy, and they are independent
@@ -288,30 +290,29 @@ def _specialized(art: CompiledArtifact, variants: dict, imported: ImportedProgra
     return art, variants
 
 
-def _tiled_alone(p: PartitionedProgram, imported: ImportedProgram, target: Target,
-                 policy: PlacementPolicy, example, demoted: dict, assumed
-                 ) -> CompiledArtifact | None:
+def _tiled_alone(imported: ImportedProgram, target: Target, policy: PlacementPolicy,
+                 example, assumed) -> CompiledArtifact | None:
     """The fastest of the data-tiled variant and the ATen regions, the per-op placement
-    ``p`` not compiled, for a static program worth tiling (``worth_tiling``) whose heavy
-    ops take at least ``TILED_ALONE_MS`` compiled (``cost.compiled_floor``); None for
-    any other program, or where the variant fails to compile or to run (the caller then
-    compiles the per-op placement as for any program).
+    neither measured nor compiled, for a static program worth tiling (``worth_tiling``)
+    with ``TILED_ALONE_GFLOP`` or more in heavy ops; None for any other program, or where
+    the variant fails to compile or to run (the caller then places and compiles it as
+    any program).
 
-    On programs that slow, the data-tiled variant ran faster than the per-op placement
+    On programs that large the data-tiled variant ran faster than the per-op placement
     and its executor variants on every model measured, or within noise of them
-    (``benchmarks/results/<machine>/compile-time-*``: transformers, ConvNeXt at batch 8);
-    the per-op program only competed on programs of a few milliseconds. Its compile and
-    its three candidates' calls were a third of these programs' compile time.
+    (``benchmarks/results/<machine>/compile-time-*``: transformers from 2 GFLOP up,
+    ConvNeXt at batch 8); the per-op program competed only on programs of a few
+    milliseconds. Its cost measurement, its compile and its three candidates' calls
+    were over a third of these programs' compile time.
     """
     if imported.symbols or policy.plan or policy.placement != "auto" \
             or not worth_tiling(imported, target, policy) \
-            or not worth_measuring(imported, bool(p.kernel_calls), target, policy):
+            or not worth_measuring(imported, False, target, policy):
         return None
-    floor = compiled_floor(heavy_nodes(imported.exported), target, CostCache(target))
-    if floor is None or floor.any_executor_ms < TILED_ALONE_MS:
+    gflop = sum(node_flops(n) or 0 for n in heavy_nodes(imported.exported)) / 1e9
+    if gflop < TILED_ALONE_GFLOP:
         return None
-    variant = _variant_program(imported, target, policy, demoted, p, assumed,
-                               alone=floor.any_executor_ms)
+    variant = _variant_program(imported, target, policy, {}, None, assumed, alone=gflop)
     if variant is None:
         return None
     with concurrent.futures.ThreadPoolExecutor(1) as pool:
@@ -322,8 +323,8 @@ def _tiled_alone(p: PartitionedProgram, imported: ImportedProgram, target: Targe
         return None
     if assumed is not None:
         assumed.confirm(variant[1].placements, target)
-    why = (f"the per-op placement was not compiled: with heavy ops of {floor.any_executor_ms:.1f} "
-           f"ms or more compiled (over {TILED_ALONE_MS} ms), the data-tiled variant outruns it")
+    why = (f"the per-op placement was not compiled: in a program worth tiling with {gflop:.1f} "
+           f"GFLOP in heavy ops ({TILED_ALONE_GFLOP} or more), the data-tiled variant outruns it")
     return choose_region(None, imported, target, policy, example, arts, aten,
                          not_compiled={"iree": why})
 
@@ -345,8 +346,8 @@ def _variant_program(imported: ImportedProgram, target: Target, policy: Placemen
       Programs with more such calls gain little from the variant and still pay its
       compile.
 
-    ``alone``: the program's compiled floor (ms), where the variant is compiled instead
-    of the per-op placement (``_tiled_alone``), not beside it.
+    ``alone``: the program's heavy GFLOP, where the variant is compiled instead of the
+    per-op placement (``_tiled_alone``), not beside it; ``per_op`` is then None.
     """
     tiled = worth_tiling(imported, target, policy)
     if tiled:
@@ -357,8 +358,8 @@ def _variant_program(imported: ImportedProgram, target: Target, policy: Placemen
         name, vtarget = "iree-coverage", target
     if alone is not None:
         step("compiling %s with IREE as the %s variant (every op IREE covers compiled, data "
-             "tiling); its heavy ops take %.1f ms or more, too slow for the per-op placement "
-             "to compete", imported.name, name, alone)
+             "tiling): %.1f GFLOP in heavy ops, where the per-op placement does not compete",
+             imported.name, name, alone)
     else:
         step("compiling the %s variant (every op IREE covers compiled%s), to measure against "
              "the per-op placement", name, ", data tiling" if tiled else "")

@@ -1,5 +1,6 @@
 """Region placement (measured end to end), host-held constants, channels-last ATen regions."""
 
+import os
 import time
 import types
 
@@ -546,17 +547,16 @@ class _MLP(torch.nn.Module):
         return self.b(torch.nn.functional.gelu(self.a(x)))
 
 
-@pytest.mark.parametrize("floor_ms,per_op_compiled", [(50.0, False), (1.0, True)])
-def test_a_slow_program_worth_tiling_compiles_its_tiled_variant_alone(
-        monkeypatch, tmp_path, floor_ms, per_op_compiled):
-    """A static program worth tiling whose heavy ops take ``TILED_ALONE_MS`` or more
-    compiled: one IREE program, the data-tiled one, raced against the ATen regions; the
-    report says why the per-op placement was not compiled. Under it, both are."""
+@pytest.mark.parametrize("limit_gflop,per_op_compiled", [(0.001, False), (100.0, True)])
+def test_a_large_program_worth_tiling_compiles_its_tiled_variant_alone(
+        monkeypatch, tmp_path, limit_gflop, per_op_compiled):
+    """A static program worth tiling with ``TILED_ALONE_GFLOP`` or more in heavy ops: one
+    IREE program, the data-tiled one, raced against the ATen regions, no op cost
+    measured; the report says why the per-op placement was not compiled. Under it, both
+    are compiled and the heavy ops measured."""
     from aot.tuning import compile as compile_mod
-    from aot.partition.cost import Floor
     monkeypatch.setenv("AOT_CACHE_DIR", str(tmp_path))
-    monkeypatch.setattr(compile_mod, "compiled_floor",
-                        lambda *a: Floor(floor_ms, floor_ms, 2, any_executor_ms=floor_ms))
+    monkeypatch.setattr(compile_mod, "TILED_ALONE_GFLOP", limit_gflop)
     runs = _counting_compiles(monkeypatch)
     torch.manual_seed(0)
     m, x = _MLP().eval(), torch.randn(64, 128)
@@ -565,8 +565,25 @@ def test_a_slow_program_worth_tiling_compiles_its_tiled_variant_alone(
     assert len(runs) == (2 if per_op_compiled else 1)
     assert "iree-tiled" in region["candidates_ms"]
     assert ("iree" in region["candidates_ms"]) == per_op_compiled
+    assert any(f.startswith("cost-") for f in os.listdir(tmp_path)) == per_op_compiled
     if not per_op_compiled:
         assert "per-op placement was not compiled" in region["not_timed"]["iree"]
         assert "per-op placement was not compiled" in cm.report()
+    with torch.no_grad():
+        torch.testing.assert_close(cm(x), m(x), rtol=1e-4, atol=1e-4)
+
+
+def test_a_large_program_whose_tiled_variant_fails_is_placed_per_op(monkeypatch, tmp_path):
+    """The variant failing to compile alone: the program is placed and compiled as any
+    other (the per-op placement, measured), and runs."""
+    from aot.tuning import compile as compile_mod
+    monkeypatch.setenv("AOT_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(compile_mod, "TILED_ALONE_GFLOP", 0.001)
+    monkeypatch.setattr(compile_mod, "_compile_variant", lambda *a: {})
+    torch.manual_seed(0)
+    m, x = _MLP().eval(), torch.randn(64, 128)
+    cm = aot.compile(m, (x,))
+    region = cm.manifest["region"]
+    assert "iree" in region["candidates_ms"] and "iree-tiled" not in region["candidates_ms"]
     with torch.no_grad():
         torch.testing.assert_close(cm(x), m(x), rtol=1e-4, atol=1e-4)
