@@ -38,7 +38,7 @@ from ..runtime.device import get_device, torch_to_buffer_view
 from ..fallback.quantized_ops import PREPACKED
 from ..fallback.prepack import _CONV_ARGS, _mkl_linear_available, available
 
-__all__ = ["Cost", "CostCache", "measure_nodes", "measure_packed", "measure_decomposed", "start_prefetch",
+__all__ = ["Cost", "CostCache", "LocalCosts", "measure_aten", "measure_nodes", "measure_packed", "measure_decomposed", "start_prefetch",
            "Prefetch", "MIN_FLOPS", "CROSSING_MS", "HANDOFF_MS", "handoff_ms", "Floor",
            "compiled_floor"]
 log = logging.getLogger(__name__)
@@ -107,7 +107,8 @@ class Floor:
     packed_ms: float = 0.0
 
 
-def compiled_floor(nodes: list[torch.fx.Node], target: Target, cache: CostCache) -> Floor | None:
+def compiled_floor(nodes: list[torch.fx.Node], target: Target,
+                   cache: CostCache | LocalCosts) -> Floor | None:
     """The ``Floor`` of ``nodes`` (the heavy ones) from their cached costs, or None where
     none has one. A node without a measured cost adds nothing: the floor stays a floor."""
     handoff, compiled, unhanded, aten, packed, ops = handoff_ms(target), 0.0, 0.0, 0.0, 0.0, 0
@@ -415,7 +416,44 @@ def _aten_ms(node: torch.fx.Node, device: str) -> float:
         return _median_ms(aten)
 
 
-def measure_packed(nodes: list[torch.fx.Node], cache: CostCache) -> None:
+class LocalCosts:
+    """Costs for one compile, over the machine's cache (``CostCache``): what
+    ``measure_aten`` and ``measure_packed`` add is kept here, never on disk, since a
+    cached cost with ATen's side alone would stand for an op whose IREE side was never
+    measured."""
+
+    def __init__(self, cache: CostCache):
+        self.cache, self.mem = cache, {}
+
+    def get(self, sig: str) -> Cost | None:
+        return self.mem.get(sig) or self.cache.get(sig)
+
+    def put_all(self, costs: dict[str, Cost]) -> None:
+        self.mem.update(costs)
+
+
+def measure_aten(nodes: list[torch.fx.Node], costs: LocalCosts, target: Target) -> None:
+    """ATen's side alone of ``nodes``' signatures that ``costs`` lacks: what the ATen
+    regions' floors need (``compiled_floor``), without compiling IREE's side."""
+    device = "cpu" if target.driver.startswith("local") else "cuda"
+    todo: dict[str, torch.fx.Node] = {}
+    for n in nodes:
+        sig = op_signature(n)
+        if costs.get(sig) is None:
+            todo.setdefault(sig, n)
+    if not todo:
+        return
+    step("measuring %d heavy op signatures alone in ATen", len(todo))
+    fresh = {}
+    for sig, n in todo.items():
+        try:
+            fresh[sig] = Cost(_aten_ms(n, device), None)
+        except Exception as e:  # the floor counts nothing for it
+            log.info("could not measure %s in ATen: %s", sig, e)
+    costs.put_all(fresh)
+
+
+def measure_packed(nodes: list[torch.fx.Node], cache: CostCache | LocalCosts) -> None:
     """Add the prepacked time (``_packed_ms``) to the cached costs of ``nodes``' CPU
     linears and convolutions that have an ATen time and no prepacked one yet: measured
     only where a floor needs it (``aot.tuning.regions``: a slow program), not for every

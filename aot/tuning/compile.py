@@ -23,7 +23,8 @@ from ..importer.program import ImportedProgram
 from ..progress import step
 from ..partition import aten_region
 from ..backend.build import build_artifact, compile_input, host_artifact, iree_version
-from ..partition.cost import MEASURED_FASTER, CostCache, compiled_floor, handoff_ms
+from ..partition.cost import (MEASURED_FASTER, CostCache, LocalCosts, compiled_floor,
+                              handoff_ms, measure_aten)
 from ..partition.coverage import Assumed, assumes_coverage
 from ..partition.decisions import heavy_nodes
 from ..partition.flops import node_flops
@@ -48,6 +49,9 @@ COVERAGE_MAX_CALLS = 8
 # a static program worth tiling with this many GFLOP in heavy ops or more (about 5 ms
 # at this machine's 200 GFLOP/s): only its data-tiled variant is compiled (``_tiled_alone``)
 TILED_ALONE_GFLOP = 1.0
+# ...and with this many or more (ATen's calls a tenth of a second or longer), its heavy
+# ops are timed in ATen first: the ATen regions' floors may then leave them untimed
+ATEN_FLOOR_GFLOP = 10.0
 # IREE demotes f64 to f32 by default, which changes a function's ABI and eager's
 # precision; a program holding float64 keeps it (IREE's f64 code is exact where it
 # lowers; ops it does not lower in f64 become kernel calls by probing, as any op)
@@ -303,7 +307,10 @@ def _tiled_alone(imported: ImportedProgram, target: Target, policy: PlacementPol
     (``benchmarks/results/<machine>/compile-time-*``: transformers from 2 GFLOP up,
     ConvNeXt at batch 8); the per-op program competed only on programs of a few
     milliseconds. Its cost measurement, its compile and its three candidates' calls
-    were over a third of these programs' compile time.
+    were over a third of these programs' compile time. Where the program is large enough
+    for the ATen regions' calls to be slow (``ATEN_FLOOR_GFLOP``), their heavy ops are
+    timed in ATen alone (``cost.measure_aten``, not cached): a region whose floor cannot
+    win is then not run (``regions._floors``).
     """
     if imported.symbols or policy.plan or policy.placement != "auto" \
             or not worth_tiling(imported, target, policy) \
@@ -315,6 +322,11 @@ def _tiled_alone(imported: ImportedProgram, target: Target, policy: PlacementPol
     variant = _variant_program(imported, target, policy, {}, None, assumed, alone=gflop)
     if variant is None:
         return None
+    costs = None
+    if gflop >= ATEN_FLOOR_GFLOP:  # before the compile starts: timed on an idle machine
+        costs = LocalCosts(CostCache(target))
+        measure_aten([n for n in heavy_nodes(imported.exported)
+                      if n.target.namespace == "aten"], costs, target)
     with concurrent.futures.ThreadPoolExecutor(1) as pool:
         pending = pool.submit(_compile_variant, *variant)
         aten = aten_candidates(imported, target)
@@ -326,7 +338,7 @@ def _tiled_alone(imported: ImportedProgram, target: Target, policy: PlacementPol
     why = (f"the per-op placement was not compiled: in a program worth tiling with {gflop:.1f} "
            f"GFLOP in heavy ops ({TILED_ALONE_GFLOP} or more), the data-tiled variant outruns it")
     return choose_region(None, imported, target, policy, example, arts, aten,
-                         not_compiled={"iree": why})
+                         not_compiled={"iree": why}, costs=costs)
 
 
 def _variant_program(imported: ImportedProgram, target: Target, policy: PlacementPolicy,

@@ -138,8 +138,8 @@ from ..importer.program import ImportedProgram
 from .. import timing
 from ..progress import step
 from ..runtime.module import CompiledModule
-from ..partition.cost import (MIN_FLOPS, CostCache, Floor, compiled_floor, machine_key,
-                              measure_packed)
+from ..partition.cost import (MIN_FLOPS, CostCache, Floor, LocalCosts, compiled_floor,
+                              machine_key, measure_packed)
 from ..partition.decisions import heavy_nodes
 from ..partition.flops import node_flops
 from ..errors import UnsupportedOp
@@ -209,13 +209,16 @@ def choose_region(per_op: CompiledArtifact | None, imported: ImportedProgram, ta
                   policy: PlacementPolicy, example,
                   variants: dict[str, CompiledArtifact] | None = None,
                   aten: dict[str, CompiledArtifact] | None = None,
-                  not_compiled: dict[str, str] | None = None) -> CompiledArtifact | None:
+                  not_compiled: dict[str, str] | None = None,
+                  costs: LocalCosts | None = None) -> CompiledArtifact | None:
     """The fastest of the per-op artifact and the ATen-region candidates.
 
     Args:
         per_op: the artifact of the per-op placement; None where it was not compiled
             (``not_compiled`` says why, and ``variants`` holds at least one). Then the
             result is None where no variant ran (the caller compiles the per-op one).
+        costs: the heavy ops' costs this compile measured (``LocalCosts``) for the
+            candidates' floors, where the machine's cache does not hold them.
         variants: more per-op artifacts to measure (``iree-tiled``: compiled with
             data tiling and microkernels, ``aot.backend.tiling``; ``iree-coverage``).
         imported: the program it was compiled from (batch norm folded).
@@ -249,7 +252,7 @@ def choose_region(per_op: CompiledArtifact | None, imported: ImportedProgram, ta
              len(cands), ", ".join(cands))
         not_timed: dict[str, str] = {}
         stats = _time_candidates(cands, example, target, not_timed,
-                                 _floors(imported, target, cands))
+                                 _floors(imported, target, cands, costs))
         if per_op is not None and "iree" not in stats and "iree" not in not_timed:
             return per_op
         if per_op is None and not any(k in stats for k in variants or {}):
@@ -302,15 +305,17 @@ _FLOOR_OF = {"iree": "any_executor_ms", "iree-sync": "any_executor_ms",
              "aten": "aten_ms", "aten-prepacked": "packed_ms"}
 
 
-def _floors(imported: ImportedProgram, target: Target, cands: dict) -> dict[str, float]:
+def _floors(imported: ImportedProgram, target: Target, cands: dict,
+            costs: LocalCosts | None = None) -> dict[str, float]:
     """``{candidate: ms}``: the least each candidate can spend on the program's heavy ops,
     from their costs measured alone (``cost.compiled_floor``), for those whose floor is
-    a slow call (``_SLOW_S``) or more. A data-tiled variant has none (the per-op costs do
+    a slow call (``_SLOW_S``) or more; ``costs``: this compile's own (``LocalCosts``), else
+    the machine's cache. A data-tiled variant has none (the per-op costs do
     not measure tiled matmuls), nor has a dynamic program (its costs are at the sizes'
     hints) or a GPU target."""
     if imported.symbols or not target.driver.startswith("local"):
         return {}
-    nodes, cache = heavy_nodes(imported.exported), CostCache(target)
+    nodes, cache = heavy_nodes(imported.exported), costs or CostCache(target)
     floor = compiled_floor(nodes, target, cache)
     if floor is None:
         return {}

@@ -552,17 +552,23 @@ def test_a_large_program_worth_tiling_compiles_its_tiled_variant_alone(
         monkeypatch, tmp_path, limit_gflop, per_op_compiled):
     """A static program worth tiling with ``TILED_ALONE_GFLOP`` or more in heavy ops: one
     IREE program, the data-tiled one, raced against the ATen regions, no op cost
-    measured; the report says why the per-op placement was not compiled. Under it, both
-    are compiled and the heavy ops measured."""
+    measured in IREE (their ATen side is, for the ATen regions' floors, and not cached);
+    the report says why the per-op placement was not compiled. Under it, both are
+    compiled and the heavy ops measured."""
     from aot.tuning import compile as compile_mod
     monkeypatch.setenv("AOT_CACHE_DIR", str(tmp_path))
     monkeypatch.setattr(compile_mod, "TILED_ALONE_GFLOP", limit_gflop)
+    monkeypatch.setattr(compile_mod, "ATEN_FLOOR_GFLOP", limit_gflop)
+    timed, real = [], compile_mod.measure_aten
+    monkeypatch.setattr(compile_mod, "measure_aten",
+                        lambda nodes, costs, t: (timed.append(len(nodes)), real(nodes, costs, t)))
     runs = _counting_compiles(monkeypatch)
     torch.manual_seed(0)
     m, x = _MLP().eval(), torch.randn(64, 128)
     cm = aot.compile(m, (x,))
     region = cm.manifest["region"]
     assert len(runs) == (2 if per_op_compiled else 1)
+    assert timed == ([] if per_op_compiled else [2])  # the two linears, timed in ATen alone
     assert "iree-tiled" in region["candidates_ms"]
     assert ("iree" in region["candidates_ms"]) == per_op_compiled
     assert any(f.startswith("cost-") for f in os.listdir(tmp_path)) == per_op_compiled
