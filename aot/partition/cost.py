@@ -443,7 +443,7 @@ def measure_aten(nodes: list[torch.fx.Node], costs: LocalCosts, target: Target) 
             todo.setdefault(sig, n)
     if not todo:
         return
-    step("measuring %d heavy op signatures alone in ATen", len(todo))
+    step("measuring %d heavy op signatures alone in ATen (for this compile)", len(todo))
     fresh = {}
     for sig, n in todo.items():
         try:
@@ -467,8 +467,9 @@ def measure_packed(nodes: list[torch.fx.Node], cache: CostCache | LocalCosts) ->
             todo.setdefault(sig, n)
     if not todo:
         return
-    step("measuring %d linears and convolutions prepacked (once per machine, then cached)",
-         len(todo))
+    step("measuring %d linears and convolutions prepacked (%s)", len(todo),
+         "for this compile" if isinstance(cache, LocalCosts) else
+         "once per machine, then cached")
     fresh = {}
     for sig, n in todo.items():
         try:

@@ -319,14 +319,14 @@ def _tiled_alone(imported: ImportedProgram, target: Target, policy: PlacementPol
     gflop = sum(node_flops(n) or 0 for n in heavy_nodes(imported.exported)) / 1e9
     if gflop < TILED_ALONE_GFLOP:
         return None
-    variant = _variant_program(imported, target, policy, {}, None, assumed, alone=gflop)
-    if variant is None:
-        return None
     costs = None
     if gflop >= ATEN_FLOOR_GFLOP:  # before the compile starts: timed on an idle machine
         costs = LocalCosts(CostCache(target))
         measure_aten([n for n in heavy_nodes(imported.exported)
                       if n.target.namespace == "aten"], costs, target)
+    variant = _variant_program(imported, target, policy, {}, None, assumed, alone=gflop)
+    if variant is None:
+        return None
     with concurrent.futures.ThreadPoolExecutor(1) as pool:
         pending = pool.submit(_compile_variant, *variant)
         aten = aten_candidates(imported, target)
