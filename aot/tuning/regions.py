@@ -326,6 +326,12 @@ def _floors(imported: ImportedProgram, target: Target, cands: dict,
     return {k: v for k, v in out.items() if v >= _SLOW_S * 1e3}
 
 
+def packed_far_ahead(floor: Floor) -> bool:
+    """Whether the prepacked ATen region's floor is under ``1 / FLOOR_MARGIN`` of the
+    compiled one: then it may be far ahead (``aten_far_ahead``) and is worth timing."""
+    return floor.compiled_ms > FLOOR_MARGIN * floor.packed_ms
+
+
 def aten_far_ahead(imported: ImportedProgram, target: Target, policy: PlacementPolicy,
                    example, floor: Floor, aten: dict[str, CompiledArtifact]
                    ) -> CompiledArtifact | None:

@@ -593,3 +593,26 @@ def test_a_large_program_whose_tiled_variant_fails_is_placed_per_op(monkeypatch,
     assert "iree" in region["candidates_ms"] and "iree-tiled" not in region["candidates_ms"]
     with torch.no_grad():
         torch.testing.assert_close(cm(x), m(x), rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("packed_ms,compiles", [(1.0, False), (90.0, True)])
+def test_a_prepacked_floor_far_under_the_compiled_one_times_the_aten_regions_first(
+        monkeypatch, tmp_path, packed_ms, compiles):
+    """The compiled floor under ATen's plain kernels' but over ``FLOOR_MARGIN`` times the
+    prepacked region's: the ATen regions are timed first, and the one far ahead is the
+    artifact, no IREE program compiled; with the prepacked floor near the compiled one,
+    the program is compiled as before."""
+    from aot.tuning import compile as compile_mod
+    from aot.partition.cost import Floor
+    monkeypatch.setenv("AOT_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(compile_mod, "compiled_floor",
+                        lambda *a: Floor(100.0, 200.0, 3, 100.0, packed_ms))
+    runs = _counting_compiles(monkeypatch)
+    torch.manual_seed(0)
+    m, x = ConvNet().eval(), torch.randn(2, 16, 32, 32)
+    cm = aot.compile(m, (x,))
+    region = cm.manifest["region"]
+    assert bool(runs) == compiles
+    assert ("compiled_floor_ms" in region) == (not compiles)
+    with torch.no_grad():
+        torch.testing.assert_close(cm(x), m(x), rtol=1e-4, atol=1e-4)
