@@ -191,14 +191,12 @@ def _compile_split(imported: ImportedProgram, target: Target, policy: PlacementP
     imported, folded = prepare(imported, policy)
     demoted: dict[str, str] = {}
     assumed = Assumed() if assumes_coverage(target, policy) else None
-    aten = None
+    aten, failed = None, None
     if example is not None:
-        art = _tiled_alone(imported, target, policy, example, assumed)
+        art, failed, aten = _tiled_alone(imported, target, policy, example, assumed)
         if art is not None:
             return art.with_manifest(compile_seconds=round(time.perf_counter() - t0, 3),
                                      folded_ops=folded)
-        if assumed is not None and assumed.sigs:
-            assumed = None  # the variant failed, maybe on an op assumed to lower: probe them
     for _ in range(_MAX_RECOVERY_ROUNDS + 1 + (assumed is not None)):
         p = partition(imported, target, policy, demoted=demoted, assume=assumed)
         if aten is None and example is not None:
@@ -216,6 +214,10 @@ def _compile_split(imported: ImportedProgram, target: Target, policy: PlacementP
             compiling = pool.submit(try_compile, compile_input(p), target)
             variant = _variant_program(imported, target, policy, demoted, p, assumed) \
                 if example is not None else None
+            if variant is not None and _compiled_nodes(variant[1]) == failed:
+                log.info("no %s variant of %s: the same program failed alone", variant[0],
+                         imported.name)
+                variant = None
             pending = pool.submit(_compile_variant, *variant) if variant else None
             measuring = example is not None and worth_measuring(imported, bool(p.kernel_calls),
                                                                 target, policy)
@@ -308,13 +310,21 @@ def _specialized(art: CompiledArtifact, variants: dict, imported: ImportedProgra
     return art, variants
 
 
+def _compiled_nodes(p: PartitionedProgram) -> frozenset:
+    return frozenset(pl.node for pl in p.placements if pl.where == "compiled")
+
+
 def _tiled_alone(imported: ImportedProgram, target: Target, policy: PlacementPolicy,
-                 example, assumed) -> CompiledArtifact | None:
-    """The fastest of the data-tiled variant and the ATen regions, the per-op placement
-    neither measured nor compiled, for a static program worth tiling (``worth_tiling``)
-    with ``TILED_ALONE_GFLOP`` or more in heavy ops; None for any other program, or where
-    the variant fails to compile or to run (the caller then places and compiles it as
-    any program).
+                 example, assumed) -> tuple[CompiledArtifact | None, frozenset | None,
+                                            dict | None]:
+    """``(artifact, failed, ATen-region candidates)``: the fastest of the data-tiled
+    variant and the ATen regions, the per-op placement neither measured nor compiled,
+    for a static program worth tiling (``worth_tiling``) with ``TILED_ALONE_GFLOP`` or
+    more in heavy ops. Its artifact is None for any other program, or where the variant
+    fails to compile or to run: the caller then places and compiles it as any program,
+    without the variant where its partition compiles the same ops (``failed``: those
+    op nodes; IREE 3.13 fails ConvNeXt-T's at batch 1 on a dispatch's stack size) and
+    with the candidates built here.
 
     On programs that large the data-tiled variant ran faster than the per-op placement
     and its executor variants on every model measured, or within noise of them
@@ -329,10 +339,10 @@ def _tiled_alone(imported: ImportedProgram, target: Target, policy: PlacementPol
     if imported.symbols or policy.plan or policy.placement != "auto" \
             or not worth_tiling(imported, target, policy) \
             or not worth_measuring(imported, False, target, policy):
-        return None
+        return None, None, None
     gflop = sum(node_flops(n) or 0 for n in heavy_nodes(imported.exported)) / 1e9
     if gflop < TILED_ALONE_GFLOP:
-        return None
+        return None, None, None
     costs = None
     if gflop >= ATEN_FLOOR_GFLOP:  # before the compile starts: timed on an idle machine
         costs = LocalCosts(CostCache(target))
@@ -340,19 +350,18 @@ def _tiled_alone(imported: ImportedProgram, target: Target, policy: PlacementPol
                       if n.target.namespace == "aten"], costs, target)
     variant = _variant_program(imported, target, policy, {}, None, assumed, alone=gflop)
     if variant is None:
-        return None
+        return None, None, None
     with concurrent.futures.ThreadPoolExecutor(1) as pool:
         pending = pool.submit(_compile_variant, *variant)
         aten = aten_candidates(imported, target)
         arts = pending.result()
-    if not arts:
-        return None
-    if assumed is not None:
+    if arts and assumed is not None:
         assumed.confirm(variant[1].placements, target)
     why = (f"the per-op placement was not compiled: in a program worth tiling with {gflop:.1f} "
            f"GFLOP in heavy ops ({TILED_ALONE_GFLOP} or more), the data-tiled variant outruns it")
-    return choose_region(None, imported, target, policy, example, arts, aten,
-                         not_compiled={"iree": why}, costs=costs)
+    art = choose_region(None, imported, target, policy, example, arts, aten,
+                        not_compiled={"iree": why}, costs=costs) if arts else None
+    return art, None if art is not None else _compiled_nodes(variant[1]), aten
 
 
 def _variant_program(imported: ImportedProgram, target: Target, policy: PlacementPolicy,

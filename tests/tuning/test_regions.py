@@ -581,16 +581,19 @@ def test_a_large_program_worth_tiling_compiles_its_tiled_variant_alone(
 
 def test_a_large_program_whose_tiled_variant_fails_is_placed_per_op(monkeypatch, tmp_path):
     """The variant failing to compile alone: the program is placed and compiled as any
-    other (the per-op placement, measured), and runs."""
+    other (the per-op placement, measured), and runs; the same variant is not compiled
+    again beside it."""
     from aot.tuning import compile as compile_mod
     monkeypatch.setenv("AOT_CACHE_DIR", str(tmp_path))
     monkeypatch.setattr(compile_mod, "TILED_ALONE_GFLOP", 0.001)
-    monkeypatch.setattr(compile_mod, "_compile_variant", lambda *a: {})
+    tries = []
+    monkeypatch.setattr(compile_mod, "_compile_variant", lambda *a: tries.append(a[0]) or {})
     torch.manual_seed(0)
     m, x = _MLP().eval(), torch.randn(64, 128)
     cm = aot.compile(m, (x,))
     region = cm.manifest["region"]
     assert "iree" in region["candidates_ms"] and "iree-tiled" not in region["candidates_ms"]
+    assert tries == ["iree-tiled"]
     with torch.no_grad():
         torch.testing.assert_close(cm(x), m(x), rtol=1e-4, atol=1e-4)
 
