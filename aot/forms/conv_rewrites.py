@@ -396,12 +396,20 @@ def conv_as_matmul(node: torch.fx.Node, g: torch.fx.Graph, env: dict, named: boo
         col, cval = _unfolded(g, cur, val, (kh, kw), (sh, sw), (ho, wo), keep)
     else:
         col, cval = _columns(g, cur, val, (kh, kw), (sh, sw), (ho, wo), keep)
-    xr = _emit(g, aten.reshape.default, (col, [n, kk, ho * wo]), cval.reshape(n, kk, ho * wo),
-               keep)
     wv = shadow(w.meta["val"])
     co = int(wv.shape[0])
     w2 = _emit(g, aten.view.default, (env[w], [co, kk]), wv.reshape(co, kk), keep)
-    mm = _emit(g, aten.matmul.default, (w2, xr),
-               torch.matmul(wv.reshape(co, kk), cval.reshape(n, kk, ho * wo)), keep)
+    if n == 1 and (sh, sw) == (kh, kw):
+        # a patch embedding of one image: a 2-D matmul. Data-tiled, IREE 3.13's batch
+        # matmul of a unit batch over ConvNeXt-T's 4x4 stem exceeds its 32 KB stack limit
+        xr = _emit(g, aten.reshape.default, (col, [kk, ho * wo]), cval.reshape(kk, ho * wo),
+                   keep)
+        mm = _emit(g, aten.mm.default, (w2, xr),
+                   torch.mm(wv.reshape(co, kk), cval.reshape(kk, ho * wo)), keep)
+    else:
+        xr = _emit(g, aten.reshape.default, (col, [n, kk, ho * wo]),
+                   cval.reshape(n, kk, ho * wo), keep)
+        mm = _emit(g, aten.matmul.default, (w2, xr),
+                   torch.matmul(wv.reshape(co, kk), cval.reshape(n, kk, ho * wo)), keep)
     y = _emit(g, aten.view.default, (mm, [n, co, ho, wo]), out, keep)
     return _biased(g, y, node, b, env, keep)

@@ -117,3 +117,17 @@ def test_a_coverage_compile_times_both_variants_and_gives_eagers_values():
     assert tiled == (variant["chosen"] == "iree-tiled")
     with torch.no_grad():
         torch.testing.assert_close(cm(x), m(x), rtol=1e-5, atol=1e-5)
+
+
+def test_a_patch_embedding_of_one_image_compiles_data_tiled():
+    """ConvNeXt-T's stem (a 4x4 patch embedding and a LayerNorm2d) at batch 1, its matmul
+    2-D: data-tiled as a unit-batch batch matmul, IREE 3.13 exceeded its stack limit on
+    it and the whole model lost its tiled variant."""
+    import torchvision
+    torch.manual_seed(0)
+    stem = torchvision.models.convnext_tiny().features[0].eval()  # the conv, a LayerNorm2d
+    x = torch.randn(1, 3, 224, 224)
+    cm = aot.compile(stem, (x,), placement="coverage")
+    assert set(cm.manifest["variant"]["candidates_ms"]) == {"iree", "iree-tiled"}
+    with torch.no_grad():
+        torch.testing.assert_close(cm(x), stem(x), rtol=1e-4, atol=1e-4)
