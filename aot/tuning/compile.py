@@ -212,12 +212,8 @@ def _compile_split(imported: ImportedProgram, target: Target, policy: PlacementP
             step("compiling %s with IREE: %d ops compiled, %d kernel calls", imported.name,
                  sum(pl.where == "compiled" for pl in p.placements), len(p.kernel_calls))
             compiling = pool.submit(try_compile, compile_input(p), target)
-            variant = _variant_program(imported, target, policy, demoted, p, assumed) \
-                if example is not None else None
-            if variant is not None and _compiled_nodes(variant[1]) == failed:
-                log.info("no %s variant of %s: the same program failed alone", variant[0],
-                         imported.name)
-                variant = None
+            variant = _variant_program(imported, target, policy, demoted, p, assumed,
+                                       failed=failed) if example is not None else None
             pending = pool.submit(_compile_variant, *variant) if variant else None
             measuring = example is not None and worth_measuring(imported, bool(p.kernel_calls),
                                                                 target, policy)
@@ -366,7 +362,7 @@ def _tiled_alone(imported: ImportedProgram, target: Target, policy: PlacementPol
 
 def _variant_program(imported: ImportedProgram, target: Target, policy: PlacementPolicy,
                      demoted: dict, per_op: PartitionedProgram, assumed=None,
-                     alone: float | None = None):
+                     alone: float | None = None, failed: frozenset | None = None):
     """``(name, partitioned program, imported name)`` of the program partitioned as
     ``placement="coverage"`` (everything IREE covers compiled), to measure against the
     per-op placement ``per_op``, or None:
@@ -383,6 +379,7 @@ def _variant_program(imported: ImportedProgram, target: Target, policy: Placemen
 
     ``alone``: the program's heavy GFLOP, where the variant is compiled instead of the
     per-op placement (``_tiled_alone``), not beside it; ``per_op`` is then None.
+    ``failed``: the compiled ops of a variant that failed alone: the same is not built.
     """
     tiled = worth_tiling(imported, target, policy)
     if tiled:
@@ -391,6 +388,15 @@ def _variant_program(imported: ImportedProgram, target: Target, policy: Placemen
         if not _coverage_wanted(per_op, target, policy):
             return None
         name, vtarget = "iree-coverage", target
+    try:
+        p = partition(imported, vtarget, dataclasses.replace(policy, placement="coverage"),
+                      demoted=demoted, assume=assumed)
+    except Exception as e:  # a variant that cannot be built is not a candidate
+        log.info("no %s variant of %s: %s", name, imported.name, e)
+        return None
+    if failed is not None and _compiled_nodes(p) == failed:
+        log.info("no %s variant of %s: the same program failed alone", name, imported.name)
+        return None
     if alone is not None:
         step("compiling %s with IREE as the %s variant (every op IREE covers compiled, data "
              "tiling): %.1f GFLOP in heavy ops, where the per-op placement does not compete",
@@ -398,12 +404,6 @@ def _variant_program(imported: ImportedProgram, target: Target, policy: Placemen
     else:
         step("compiling the %s variant (every op IREE covers compiled%s), to measure against "
              "the per-op placement", name, ", data tiling" if tiled else "")
-    try:
-        p = partition(imported, vtarget, dataclasses.replace(policy, placement="coverage"),
-                      demoted=demoted, assume=assumed)
-    except Exception as e:  # a variant that cannot be built is not a candidate
-        log.info("no %s variant of %s: %s", name, imported.name, e)
-        return None
     return name, p, imported.name
 
 
