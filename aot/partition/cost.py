@@ -38,8 +38,8 @@ from ..runtime.device import get_device, torch_to_buffer_view
 from ..fallback.quantized_ops import PREPACKED
 from ..fallback.prepack import _CONV_ARGS, _mkl_linear_available, available
 
-__all__ = ["Cost", "CostCache", "LocalCosts", "measure_aten", "measure_nodes", "measure_packed", "measure_decomposed", "start_prefetch",
-           "Prefetch", "MIN_FLOPS", "CROSSING_MS", "HANDOFF_MS", "handoff_ms", "Floor",
+__all__ = ["Cost", "CostCache", "LocalCosts", "measure_aten", "measure_nodes", "measure_packed",
+           "measure_decomposed", "start_prefetch", "Prefetch", "MIN_FLOPS", "CROSSING_MS", "HANDOFF_MS", "handoff_ms", "Floor",
            "compiled_floor"]
 log = logging.getLogger(__name__)
 

@@ -336,14 +336,14 @@ def _tiled_alone(imported: ImportedProgram, target: Target, policy: PlacementPol
             or not worth_tiling(imported, target, policy) \
             or not worth_measuring(imported, False, target, policy):
         return None, None, None
-    gflop = sum(node_flops(n) or 0 for n in heavy_nodes(imported.exported)) / 1e9
+    heavy = heavy_nodes(imported.exported)
+    gflop = sum(node_flops(n) or 0 for n in heavy) / 1e9
     if gflop < TILED_ALONE_GFLOP:
         return None, None, None
     costs = None
     if gflop >= ATEN_FLOOR_GFLOP:  # before the compile starts: timed on an idle machine
         costs = LocalCosts(CostCache(target))
-        measure_aten([n for n in heavy_nodes(imported.exported)
-                      if n.target.namespace == "aten"], costs, target)
+        measure_aten([n for n in heavy if n.target.namespace == "aten"], costs, target)
     variant = _variant_program(imported, target, policy, {}, None, assumed, alone=gflop)
     if variant is None:
         return None, None, None

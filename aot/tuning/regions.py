@@ -217,14 +217,15 @@ def choose_region(per_op: CompiledArtifact | None, imported: ImportedProgram, ta
         per_op: the artifact of the per-op placement; None where it was not compiled
             (``not_compiled`` says why, and ``variants`` holds at least one). Then the
             result is None where no variant ran (the caller compiles the per-op one).
-        costs: the heavy ops' costs this compile measured (``LocalCosts``) for the
-            candidates' floors, where the machine's cache does not hold them.
         variants: more per-op artifacts to measure (``iree-tiled``: compiled with
             data tiling and microkernels, ``aot.backend.tiling``; ``iree-coverage``).
         imported: the program it was compiled from (batch norm folded).
         policy: its ``plan`` (``CompiledModule.plan()``), when given, pins the choice.
         example: ``(args, kwargs)``, the example inputs to time the candidates on.
         aten: the whole-ATen-region candidates (``aten_candidates``), when already built.
+        not_compiled: ``{candidate: why}`` for those not compiled, for the report.
+        costs: the heavy ops' costs this compile measured (``LocalCosts``) for the
+            candidates' floors, where the machine's cache does not hold them.
     Raises:
         UnsupportedOp: the plan names a candidate this program does not have here.
     """
