@@ -112,6 +112,13 @@ def as_matmul(n: torch.fx.Node) -> bool:
     return _plan(n) is not None
 
 
+def _operands(node: torch.fx.Node) -> tuple:
+    """A conv2d node's input, weight, bias (or None) and the metadata its emitted nodes
+    keep."""
+    b = node.args[2] if len(node.args) > 2 else None
+    return node.args[0], node.args[1], b, source_meta(node)
+
+
 def _padded(g, cur, val, padding, keep, pad=None):
     """``(node, value)`` of the input zero-padded by ``padding`` (rows, cols) on both
     sides, or by ``pad`` (``constant_pad_nd``'s list: last dimension first) if given."""
@@ -225,9 +232,7 @@ def depthwise_as_nhwc(node: torch.fx.Node, g: torch.fx.Graph, env: dict
     if ch != c["groups"] or tuple(int(d) for d in c["w"].shape[:2]) != (ch, 1) \
             or c["x"].dtype != torch.float32 or c["w"].dtype != torch.float32:
         return None
-    x, w = node.args[0], node.args[1]
-    b = node.args[2] if len(node.args) > 2 else None
-    keep = source_meta(node)
+    x, w, b, keep = _operands(node)
     (kh, kw), (sh, sw), (ph, pw) = c["k"], c["stride"], c["padding"]
     xv = shadow(x.meta["val"]).permute(0, 2, 3, 1)
     cur = _emit(g, aten.permute.default, (env[x], [0, 2, 3, 1]), xv, keep)
@@ -267,9 +272,7 @@ def depthwise_as_shifts(node: torch.fx.Node, g: torch.fx.Graph, env: dict
     plan = _depthwise_plan(node)
     if plan is None:
         return None
-    x, w = node.args[0], node.args[1]
-    b = node.args[2] if len(node.args) > 2 else None
-    keep = source_meta(node)
+    x, w, b, keep = _operands(node)
     (kh, kw), stride = plan["k"], plan["stride"]
     out = node.meta["val"]
     c, ho, wo = int(out.shape[1]), int(out.shape[2]), int(out.shape[3])
@@ -379,9 +382,7 @@ def conv_as_matmul(node: torch.fx.Node, g: torch.fx.Graph, env: dict, named: boo
     plan = _plan(node)
     if plan is None:
         return None
-    x, w = node.args[0], node.args[1]
-    b = node.args[2] if len(node.args) > 2 else None
-    keep = source_meta(node)
+    x, w, b, keep = _operands(node)
     (kh, kw), (sh, sw) = plan["k"], plan["stride"]
     cur, val = _padded(g, env[x], shadow(x.meta["val"]), plan["padding"], keep)
     out = node.meta["val"]
