@@ -70,9 +70,9 @@ class _Capture:
         self.orig = regions._time_candidates
 
     def __enter__(self):
-        def spy(cands, example, target):
+        def spy(cands, example, target, *args, **kwargs):
             self.cands = dict(cands)
-            return self.orig(cands, example, target)
+            return self.orig(cands, example, target, *args, **kwargs)
         self.regions._time_candidates = spy
         return self
 

@@ -33,7 +33,7 @@ from ..partition.partitioner import PartitionedProgram, partition
 from ..partition.placement import PlacementPolicy
 from ..passes.prepare import prepare
 from .recover import blame, grow
-from .regions import (aten_candidates, aten_far_ahead, choose_region, may_measure,
+from .regions import (Race, aten_candidates, aten_far_ahead, choose_region, may_measure,
                       packed_far_ahead, pick_variant, worth_measuring)
 from .specialize import specialize, worth_specializing
 from ..toolchain.targets import Target
@@ -189,7 +189,6 @@ def stablehlo_module(imported: ImportedProgram, target: Target,
 def _compile_split(imported: ImportedProgram, target: Target, policy: PlacementPolicy,
                    example, t0: float) -> CompiledArtifact:
     imported, folded = prepare(imported, policy)
-    demoted: dict[str, str] = {}
     assumed = Assumed() if assumes_coverage(target, policy) else None
     aten, failed = None, None
     if example is not None:
@@ -197,10 +196,24 @@ def _compile_split(imported: ImportedProgram, target: Target, policy: PlacementP
         if art is not None:
             return art.with_manifest(compile_seconds=round(time.perf_counter() - t0, 3),
                                      folded_ops=folded)
+    race = Race()  # the ATen regions, where timed before the IREE compile
+    try:
+        return _compile_rounds(imported, target, policy, example, t0, folded, assumed,
+                               aten, failed, race)
+    finally:
+        race.close()
+
+
+def _compile_rounds(imported: ImportedProgram, target: Target, policy: PlacementPolicy,
+                    example, t0: float, folded: int, assumed, aten: dict | None,
+                    failed: frozenset | None, race: Race) -> CompiledArtifact:
+    """The per-op placement compiled, recovered where IREE fails on a combination of
+    ops, and raced against its variants and the ATen regions."""
+    demoted: dict[str, str] = {}
     for _ in range(_MAX_RECOVERY_ROUNDS + 1 + (assumed is not None)):
         p = partition(imported, target, policy, demoted=demoted, assume=assumed)
         if aten is None and example is not None:
-            art, aten = _aten_far_ahead(imported, target, policy, example)
+            art, aten = _aten_far_ahead(imported, target, policy, example, race)
             if art is not None:
                 return art.with_manifest(compile_seconds=round(time.perf_counter() - t0, 3),
                                          folded_ops=folded)
@@ -237,7 +250,8 @@ def _compile_split(imported: ImportedProgram, target: Target, policy: PlacementP
             if example is not None and imported.symbols:
                 art, variants = _specialized(art, variants, imported, target, policy)
             if measuring:
-                art = choose_region(art, imported, target, policy, example, variants, aten)
+                art = choose_region(art, imported, target, policy, example, variants, aten,
+                                    race=race)
             elif variants:
                 name, entry = pick_variant({"iree": art, **variants}, example, target,
                                            policy.plan)
@@ -259,10 +273,11 @@ def _compile_split(imported: ImportedProgram, target: Target, policy: PlacementP
 
 
 def _aten_far_ahead(imported: ImportedProgram, target: Target, policy: PlacementPolicy,
-                    example) -> tuple[CompiledArtifact | None, dict | None]:
+                    example, race: Race) -> tuple[CompiledArtifact | None, dict | None]:
     """``(artifact, ATen-region candidates)``: the fastest ATen region where no compiled
     plan can come near it (``regions.aten_far_ahead``, from the heavy ops' measured
-    costs), else ``(None, the candidates or None)``. Not for dynamic programs, pinned
+    costs), else ``(None, the candidates or None)``, the candidates timed in ``race``
+    where they were timed. Not for dynamic programs, pinned
     plans, or programs with a data-tiled variant (whose matmuls the per-op costs do not
     measure). Where ATen's prepacked region already beats the floor, compiling the
     per-op program and its variants only to lose the race is wasted compile time.
@@ -287,7 +302,7 @@ def _aten_far_ahead(imported: ImportedProgram, target: Target, policy: Placement
         if floor is None or not packed_far_ahead(floor):
             return None, None
     aten = aten_candidates(imported, target)
-    return aten_far_ahead(imported, target, policy, example, floor, aten), aten
+    return aten_far_ahead(imported, target, policy, example, floor, aten, race), aten
 
 
 def _specialized(art: CompiledArtifact, variants: dict, imported: ImportedProgram,

@@ -148,7 +148,8 @@ from ..toolchain.targets import Target
 from ..partition.disk_cache import JsonCache
 from ..partition.partitioner import partition
 
-__all__ = ["may_measure", "worth_measuring", "choose_region", "aten_candidates", "choice", "program_key", "RUNS", "BUDGET_S", "MARGIN"]
+__all__ = ["may_measure", "worth_measuring", "choose_region", "aten_candidates", "choice",
+           "program_key", "Race", "RUNS", "BUDGET_S", "MARGIN"]
 log = logging.getLogger(__name__)
 
 _QUANTIZED_MM = {f"{QUANTIZED_NAMESPACE}::conv2d", f"{QUANTIZED_NAMESPACE}::linear"}
@@ -210,7 +211,8 @@ def choose_region(per_op: CompiledArtifact | None, imported: ImportedProgram, ta
                   variants: dict[str, CompiledArtifact] | None = None,
                   aten: dict[str, CompiledArtifact] | None = None,
                   not_compiled: dict[str, str] | None = None,
-                  costs: LocalCosts | None = None) -> CompiledArtifact | None:
+                  costs: LocalCosts | None = None,
+                  race: Race | None = None) -> CompiledArtifact | None:
     """The fastest of the per-op artifact and the ATen-region candidates.
 
     Args:
@@ -226,6 +228,8 @@ def choose_region(per_op: CompiledArtifact | None, imported: ImportedProgram, ta
         not_compiled: ``{candidate: why}`` for those not compiled, for the report.
         costs: the heavy ops' costs this compile measured (``LocalCosts``) for the
             candidates' floors, where the machine's cache does not hold them.
+        race: candidates of ``aten`` already loaded and timed (``aten_far_ahead``): the
+            race goes on from their samples; closed here.
     Raises:
         UnsupportedOp: the plan names a candidate this program does not have here.
     """
@@ -248,12 +252,16 @@ def choose_region(per_op: CompiledArtifact | None, imported: ImportedProgram, ta
     cands.update(aten_candidates(imported, target) if aten is None else aten)
     key = program_key(imported, target, cands)
     region = _pinned(policy.plan, cands) or _cached(key, cands, target)
+    if region is not None and race is not None:
+        race.close()
     if region is None:
-        step("timing %d candidates end to end on the example (%s), a few seconds",
-             len(cands), ", ".join(cands))
+        before = [k for k in cands if race is not None and k in race.mods]
+        step("timing %d candidates end to end on the example (%s), a few seconds%s",
+             len(cands), ", ".join(cands),
+             f" ({', '.join(before)} timed before the compile)" if before else "")
         not_timed: dict[str, str] = {}
         stats = _time_candidates(cands, example, target, not_timed,
-                                 _floors(imported, target, cands, costs))
+                                 _floors(imported, target, cands, costs), race=race)
         if per_op is not None and "iree" not in stats and "iree" not in not_timed:
             return per_op
         if per_op is None and not any(k in stats for k in variants or {}):
@@ -334,8 +342,8 @@ def packed_far_ahead(floor: Floor) -> bool:
 
 
 def aten_far_ahead(imported: ImportedProgram, target: Target, policy: PlacementPolicy,
-                   example, floor: Floor, aten: dict[str, CompiledArtifact]
-                   ) -> CompiledArtifact | None:
+                   example, floor: Floor, aten: dict[str, CompiledArtifact],
+                   race: Race | None = None) -> CompiledArtifact | None:
     """The fastest whole-ATen-region candidate, where it runs the whole program (its lower
     quartile) in under ``1 / FLOOR_MARGIN`` of what any compiled plan spends on its heavy
     ops alone (``cost.compiled_floor``): then no IREE program is compiled, since none can
@@ -344,7 +352,9 @@ def aten_far_ahead(imported: ImportedProgram, target: Target, policy: PlacementP
     The caller tries it only where the floor is over ATen's own kernels alone
     (``floor.aten_ms``), so a program IREE may win does not pay for this timing. A
     decision is cached as ``choose_region``'s are, under its own key; a reused one still
-    has to beat the floor.
+    has to beat the floor. ``race``: where the regions are timed and not far enough
+    ahead, their loaded modules and samples go there, for ``choose_region`` to go on
+    from (``Race``).
     """
     if not aten:
         return None
@@ -354,7 +364,7 @@ def aten_far_ahead(imported: ImportedProgram, target: Target, policy: PlacementP
         step("timing %d ATen-region candidates (%s) against the compiled floor of %.2f ms",
              len(aten), ", ".join(aten), floor.compiled_ms)
         t0 = time.perf_counter()
-        stats = _time_candidates(aten, example, target)
+        stats = _time_candidates(aten, example, target, race=race, keep=race is not None)
         if not stats:
             return None
         region = _decide(stats)
@@ -369,6 +379,8 @@ def aten_far_ahead(imported: ImportedProgram, target: Target, policy: PlacementP
         log.info("%s: the ATen region (%s, %.3f ms) is not far enough ahead of the compiled "
                  "floor (%.3f ms): compiling", imported.name, best, ms, floor.compiled_ms)
         return None
+    if race is not None:
+        race.close()
     region["compiled_floor_ms"] = round(floor.compiled_ms, 4)
     if region.get("cached") and region.get("source") == "measured":
         _store(key, region, target)
@@ -611,8 +623,31 @@ def _on_device(example, target: Target):
                            (args, kwargs))
 
 
+@dataclasses.dataclass
+class Race:
+    """Candidates loaded and timed in this process, kept for a later race to go on
+    from: ``aten_far_ahead`` times the ATen regions before the IREE compile, and where
+    they are not far enough ahead, ``choose_region`` adds the compiled candidates to
+    their race instead of loading, warming up and timing them again (a second or more
+    of calls on programs of 30 ms). Their samples stand as measured; where the order
+    with a newcomer is not clear, ``_remeasure`` times them again beside it, as any
+    contender. ``close`` releases the modules (idempotent)."""
+
+    mods: dict = dataclasses.field(default_factory=dict)
+    samples: dict = dataclasses.field(default_factory=dict)
+    call_s: dict = dataclasses.field(default_factory=dict)
+    warm: dict = dataclasses.field(default_factory=dict)
+    quiet: dict = dataclasses.field(default_factory=dict)
+
+    def close(self) -> None:
+        for m in self.mods.values():
+            m.close()
+        self.mods.clear()
+
+
 def _time_candidates(cands: dict[str, CompiledArtifact], example, target: Target,
-                     not_timed: dict | None = None, floors: dict | None = None) -> dict:
+                     not_timed: dict | None = None, floors: dict | None = None,
+                     race: Race | None = None, keep: bool = False) -> dict:
     """``{candidate: (median ms, spread ms, runs)}`` for every candidate that ran;
     ``not_timed`` gets ``{candidate: why}`` for those left out (``_sibling_out``,
     ``_floor_out``).
@@ -623,13 +658,23 @@ def _time_candidates(cands: dict[str, CompiledArtifact], example, target: Target
     ``floors``: ``{candidate: ms}`` its heavy ops take at least (``_floors``). Those
     without one are warmed up first, then the others from the lowest floor up, and one
     whose floor is ``FLOOR_MARGIN`` times a call already measured or more is not run.
+
+    ``race``: candidates this process already loaded and timed (``Race``), of ``cands``:
+    their samples are kept and only the others are warmed up and timed in the rounds,
+    all of them in the checks after. ``keep``: the modules stay loaded and the samples
+    go into ``race`` for a later call; otherwise every module is closed at the end.
     """
     floors = floors or {}
     args, kwargs = _on_device(example, target)
     cuda = not target.driver.startswith("local")
     sync = torch.cuda.synchronize if cuda else (lambda: None)
-    mods, call_s, warm = {}, {}, {}
-    quiet: dict[str, bool] = {}  # a slow candidate timed only while the machine was idle
+    race = race if race is not None else Race()
+    prior = {k: race.samples[k] for k in race.mods if k in cands and race.samples.get(k)}
+    mods = {k: race.mods[k] for k in prior}
+    call_s = {k: race.call_s[k] for k in prior}
+    warm = {k: race.warm[k] for k in prior}
+    # a slow candidate timed only while the machine was idle
+    quiet: dict[str, bool] = {k: race.quiet[k] for k in prior if k in race.quiet}
     deferred: list[str] = []  # executor variants of a slow per-op artifact, decided later
 
     def leave_out(name: str, why: str) -> None:
@@ -664,6 +709,8 @@ def _time_candidates(cands: dict[str, CompiledArtifact], example, target: Target
         # might be in it, they wait for the race's first round, which measures the
         # others better than one warm-up call each
         for name in sorted(cands, key=lambda k: (k in _SIBLINGS, floors.get(k, -1.0))):
+            if name in prior:
+                continue
             why = _floor_out(name, floors, call_s, mods)
             if why:
                 leave_out(name, why)
@@ -679,17 +726,18 @@ def _time_candidates(cands: dict[str, CompiledArtifact], example, target: Target
                     deferred.append(name)
                     continue
             warm_up(name)
-        samples: dict[str, list] = {k: [] for k in mods}
+        samples: dict[str, list] = {k: list(prior.get(k, ())) for k in mods}
         rounds = max(1, RUNS // _BLOCK)
         if mods:  # fast programs: more rounds (medians of a few calls of 0.1 ms are noise)
-            per_round = sum(call_s[k] for k in mods) * (_BLOCK + 1) + _WARM_S * len(mods)
+            timed = [k for k in mods if k not in prior] or list(mods)
+            per_round = sum(call_s[k] for k in timed) * (_BLOCK + 1) + _WARM_S * len(timed)
             rounds = max(rounds, min(_MAX_RUNS // _BLOCK, int(_FAST_BUDGET_S / per_round)))
         # slow programs: no untimed call before a block (a call's own length dwarfs the
         # previous candidate's threads settling; it would only double the compile time),
         # the last warm-up call (which runs as every later one) is their first sample,
         # and the race is judged from it and after every round (``_in_race``)
         settled = {k for k in mods if call_s[k] >= _SLOW_S}
-        for k in settled:
+        for k in settled - set(prior):
             samples[k].append(call_s[k] * 1e3)
         slow = bool(mods) and settled == set(mods)
         names = _in_race(samples, list(mods)) if slow else _warm_race(mods, settled, samples,
@@ -698,7 +746,7 @@ def _time_candidates(cands: dict[str, CompiledArtifact], example, target: Target
         for r in range(rounds):
             if r >= 2 and time.perf_counter() > deadline:
                 break
-            _round(mods, timing.rotated(names, r), args, kwargs,
+            _round(mods, timing.rotated([k for k in names if k not in prior], r), args, kwargs,
                    sync, samples, settled, quiet=quiet)
             for name in deferred:  # the per-op artifact's executor variants, now decided
                 parent = _SIBLINGS[name]
@@ -732,8 +780,17 @@ def _time_candidates(cands: dict[str, CompiledArtifact], example, target: Target
                    samples, settled, quiet=quiet)
             r += 1
             todo = _remeasure(_stats(samples))
-    for m in mods.values():
-        m.close()
+    if keep:
+        race.mods.update(mods)
+        race.samples.update(samples)
+        race.call_s.update(call_s)
+        race.warm.update(warm)
+        race.quiet.update(quiet)
+    else:
+        race.close()
+        for k, m in mods.items():
+            if k not in prior:
+                m.close()
     return _stats(samples)
 
 

@@ -353,6 +353,42 @@ def test_a_slow_candidate_whose_heavy_ops_alone_outlast_a_measured_call_is_not_r
     assert set(stats) == set(ms)
 
 
+def test_a_later_race_goes_on_from_candidates_already_timed(monkeypatch):
+    """``aten_far_ahead`` times the ATen regions before the IREE compile; kept in a
+    ``Race``, they are neither loaded, warmed up nor timed in the rounds again when
+    ``choose_region`` adds the compiled candidate: their samples stand, the newcomer is
+    timed as any candidate, and every module is closed at the end."""
+    from aot.tuning import regions
+    from aot.toolchain.targets import get_target
+
+    ms = {"aten": 3.0, "aten-prepacked": 2.0, "iree": 6.0}
+    calls = {k: 0 for k in ms}
+    _fake_modules(monkeypatch, regions, ms, calls, elsewhere_s=0.0)
+    loads, closed = [], []
+    real = regions.CompiledModule
+
+    def load(name):
+        loads.append(str(name))
+        m = real(name)
+        m.close = lambda: closed.append(m.name)
+        return m
+    monkeypatch.setattr(regions, "CompiledModule", load)
+    aten = {k: _Cand(k) for k in ("aten", "aten-prepacked")}
+    race = regions.Race()
+    first = regions._time_candidates(aten, ((), {}), get_target("cpu"), race=race, keep=True)
+    assert set(race.mods) == set(aten) and not closed
+    assert {k: len(v) for k, v in race.samples.items()} == {k: v[2] for k, v in first.items()}
+    before = dict(calls)
+    stats = regions._time_candidates({**aten, "iree": _Cand("iree")}, ((), {}),
+                                     get_target("cpu"), race=race)
+    assert loads == ["aten", "aten-prepacked", "iree"]  # each loaded once
+    # nothing but the newcomer ran (no outcome here is close enough to measure again)
+    assert all(calls[k] == before[k] for k in aten) and calls["iree"] > 0
+    assert {k: stats[k][2] for k in aten} == {k: first[k][2] for k in aten}
+    assert stats["aten-prepacked"][0] < stats["aten"][0] < stats["iree"][0]
+    assert sorted(closed) == ["aten", "aten-prepacked", "iree"] and not race.mods
+
+
 def test_executor_variants_wait_for_a_round_where_one_warm_up_call_cannot_decide(monkeypatch):
     """Where the other candidates' one warm-up call leaves a slow per-op artifact within
     reach (a first call slowed by something else), its executor variants are decided

@@ -41,10 +41,10 @@ def quiet(monkeypatch):
     from aot.tuning import regions
     real, calls = regions._time_candidates, []
 
-    def timed(cands, example, target, not_timed=None, floors=None):
+    def timed(cands, example, target, not_timed=None, floors=None, **kw):
         calls.append(sorted(cands))
         return {k: (v[0], 0.0, v[2])
-                for k, v in real(cands, example, target, not_timed, floors).items()}
+                for k, v in real(cands, example, target, not_timed, floors, **kw).items()}
     monkeypatch.setattr(regions, "_time_candidates", timed)
     return calls
 
@@ -149,7 +149,7 @@ def test_a_noisy_decision_is_not_cached(cache, monkeypatch):
     from aot.tuning import regions
     figures = {}
 
-    def timed(cands, example, target, not_timed=None, floors=None):
+    def timed(cands, example, target, not_timed=None, floors=None, **kw):
         return {k: figures.get(k, (50.0, 1.0, 9)) for k in cands}
     monkeypatch.setattr(regions, "_time_candidates", timed)
     torch.manual_seed(0)
