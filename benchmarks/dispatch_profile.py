@@ -15,7 +15,8 @@ statistics`` then gives each dispatch's time; the table groups them by kind (the
 dispatch name without its number and shapes) and lists the slowest. Dispatch time
 sums the wall time of each dispatch; the call's median minus that sum is what the
 task system spends between dispatches. ``--sources DIR`` also dumps every dispatch's
-code (``--iree-hal-dump-executable-sources-to``).
+code (``--iree-hal-dump-executable-sources-to``); ``--run-flag`` passes a flag to
+``iree-benchmark-module`` (the task system's, e.g. ``--task_worker_spin_us=50``).
 
 The program must be all compiled (``iree-benchmark-module`` cannot run kernel calls):
 a placement with kernel calls is refused, naming them. This is a measurement, not a
@@ -106,8 +107,8 @@ def _kind(fn: str) -> str:
     return re.sub(r"_\d+(x\d+)*", "", k)
 
 
-def profile(name: str, placement: str, flags: list[str], calls: int, sources: str | None
-            ) -> dict:
+def profile(name: str, placement: str, flags: list[str], calls: int, sources: str | None,
+            run_flags: list[str] = ()) -> dict:
     mlir, target, example = compiled_program(name, placement, flags)
     work = tempfile.mkdtemp(prefix="aot-dispatch-profile-")
     try:
@@ -120,7 +121,7 @@ def profile(name: str, placement: str, flags: list[str], calls: int, sources: st
             cmd.append(f"--iree-hal-dump-executable-sources-to={sources}")
         _run(cmd)
         run = [_tool("iree-benchmark-module"), f"--module={vmfb}", "--function=main",
-               "--device=local-task", *_inputs(example, work)]
+               "--device=local-task", *run_flags, *_inputs(example, work)]
         median = _median_ms(_run(run + ["--benchmark_repetitions=10"]))
         prof = os.path.join(work, "p.ireeprof")
         _run(run + [f"--benchmark_min_time={calls}x", "--device_profiling_mode=host-execution",
@@ -137,6 +138,7 @@ def profile(name: str, placement: str, flags: list[str], calls: int, sources: st
     for d in dispatches:
         kinds[_kind(d["name"])] += d["us"]
     return {"model": name, "placement": placement, "flags": list(target.flags),
+            "run_flags": list(run_flags),
             "median_ms": median, "dispatches": len(dispatches),
             "dispatch_ms": sum(d["us"] for d in dispatches) / 1e3,
             "kinds_us": dict(kinds.most_common()),
@@ -144,7 +146,8 @@ def profile(name: str, placement: str, flags: list[str], calls: int, sources: st
 
 
 def table(r: dict, top: int) -> str:
-    lines = [f"{r['model']} (placement={r['placement']!r}, flags {' '.join(r['flags'])}): "
+    run = f", run flags {' '.join(r['run_flags'])}" if r.get("run_flags") else ""
+    lines = [f"{r['model']} (placement={r['placement']!r}, flags {' '.join(r['flags'])}{run}): "
              f"median {r['median_ms']:.2f} ms a call, {r['dispatches']} dispatches, "
              f"{r['dispatch_ms']:.2f} ms of dispatch time "
              f"({max(r['median_ms'] - r['dispatch_ms'], 0):.2f} ms between dispatches)",
@@ -161,6 +164,8 @@ def main(argv=None) -> int:
     ap.add_argument("model", help="an aot bench model name, e.g. mobilenet_v3_small_b1")
     ap.add_argument("--placement", default="coverage", help="coverage (default) or auto")
     ap.add_argument("--flag", action="append", default=[], help="extra iree-compile flag")
+    ap.add_argument("--run-flag", action="append", default=[],
+                    help="extra iree-benchmark-module flag (e.g. --task_worker_spin_us=50)")
     ap.add_argument("--calls", type=int, default=20, help="profiled calls (default 20)")
     ap.add_argument("--top", type=int, default=25, help="slowest dispatches listed")
     ap.add_argument("--sources", help="dump every dispatch's code into this folder")
@@ -168,7 +173,7 @@ def main(argv=None) -> int:
     a = ap.parse_args(argv)
     if a.placement not in ("coverage", "auto"):
         raise SystemExit("dispatch_profile: --placement is coverage or auto")
-    r = profile(a.model, a.placement, a.flag, a.calls, a.sources)
+    r = profile(a.model, a.placement, a.flag, a.calls, a.sources, a.run_flag)
     print(table(r, a.top))
     if a.json:
         with open(a.json, "w") as f:
