@@ -25,10 +25,8 @@ networks' ATen regions win anyway, and the variant would only add a large share 
 the compile time. A program with attention between its convolutions (MobileViT) is
 the exception: its linears and attention are transformer blocks, which the tiled
 variant runs well, and the tiled variant compiles its convolutions as matmuls with
-the same data tiling. On MobileViT-S (2-vCPU AMD Zen 5) the tiled variant ran 27.5 ms a
-call, the per-op placement 32-36 ms, the ATen regions 25.5-30 ms, and compiling the
-tiled variant alone (``tuning.compile._tiled_alone``) instead of measuring and
-compiling the per-op placement took the compile from 15-17 s to 13 s.
+the same data tiling; compiled alone (``tuning.compile._tiled_alone``), it spares the
+per-op costs and program (``docs/performance.md`` has MobileViT-S's figures).
 The flags, and the two data-tiling paths of IREE 3.13 (one miscompiles dynamic shapes),
 are ``aot.toolchain.tiling_flags``.
 """
@@ -55,8 +53,9 @@ _ATTENTION = {torch.ops.aten.scaled_dot_product_attention.default}
 
 
 def _matmul_share(imported: ImportedProgram, convs: bool) -> float:
-    """The share of heavy FLOPs in matmul-family ops (and convolutions compiled as
-    matmuls, with ``convs``)."""
+    """The share of heavy FLOPs in matmul-family ops, attention (compiled as two
+    matmuls: ``attention_rewrites``) among them, and convolutions compiled as matmuls,
+    with ``convs``."""
     total = mm = 0.0
     for n in imported.exported.graph.nodes:
         if n.op != "call_function":
@@ -64,7 +63,8 @@ def _matmul_share(imported: ImportedProgram, convs: bool) -> float:
         f = node_flops(n) or 0
         total += f
         if isinstance(n.target, torch._ops.OpOverload) and \
-                n.target._schema.name.split("::")[-1] in _MATMULS or convs and as_matmul(n):
+                n.target._schema.name.split("::")[-1] in _MATMULS or n.target in _ATTENTION \
+                or convs and as_matmul(n):
             mm += f
     return mm / total if total else 0.0
 

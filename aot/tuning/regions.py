@@ -628,8 +628,8 @@ class Race:
     """Candidates loaded and timed in this process, kept for a later race to go on
     from: ``aten_far_ahead`` times the ATen regions before the IREE compile, and where
     they are not far enough ahead, ``choose_region`` adds the compiled candidates to
-    their race instead of loading, warming up and timing them again (a second or more
-    of calls on programs of 30 ms). Their samples stand as measured; where the order
+    their race instead of loading, warming up and timing them again. Their samples
+    stand as measured; where the order
     with a newcomer is not clear, ``_remeasure`` times them again beside it, as any
     contender. ``close`` releases the modules (idempotent)."""
 

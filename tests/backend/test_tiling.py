@@ -52,6 +52,23 @@ def test_convolution_programs_get_one_under_coverage_only():
     assert worth_tiling(imp, cpu, PlacementPolicy("auto", (), "coverage"))
 
 
+class ConvAttention(ConvNet):
+    """Convolutions, then attention over the feature map's positions (MobileViT's
+    shape): the convolutions carry most FLOPs."""
+
+    def forward(self, x):
+        y = self.b(torch.relu(self.a(x)))
+        t = y.flatten(2).transpose(1, 2)  # [n, positions, channels]
+        return torch.nn.functional.scaled_dot_product_attention(t, t, t).mean(1)
+
+
+def test_a_program_with_attention_between_convolutions_gets_one_under_every_placement():
+    imp = _imported(ConvAttention(), torch.randn(1, 8, 16, 16))
+    cpu = get_target("cpu")
+    assert worth_tiling(imp, cpu, PlacementPolicy())
+    assert worth_tiling(imp, cpu, PlacementPolicy("auto", (), "coverage"))
+
+
 def test_never_for_the_round_trip_iree_default_or_the_users_own_flags():
     imp = _imported(Mlp(), torch.randn(4, 64))
     assert not worth_tiling(imp, get_target("cpu"), PlacementPolicy("all"))
