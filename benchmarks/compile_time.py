@@ -107,6 +107,10 @@ def _run(tree: str, model: str, system: str) -> dict:
     return json.loads(line[6:])
 
 
+def _spread(seconds: list[float]) -> str:
+    return f"{min(seconds)}-{max(seconds)}" if seconds else ""
+
+
 def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["--worker"]:
@@ -144,6 +148,7 @@ def main(argv=None) -> int:
         rows.append({"model": model, "system": system, "tree": tree,
                      "median_s": round(statistics.median(x["seconds"] for x in ok), 1)
                      if ok else None, "rounds": len(ok),
+                     "seconds": [round(x["seconds"], 1) for x in ok],
                      "iree_runs": ok[-1].get("iree_runs") if ok else None,
                      "iree_s": round(ok[-1].get("iree_seconds", 0), 1) if ok else None,
                      "chosen": ok[-1].get("chosen") if ok else None,
@@ -152,11 +157,12 @@ def main(argv=None) -> int:
                      "error": None if ok else runs[-1].get("error")})
     md = [f"{info}. Cold compiles (empty cache), each in its own process; median of "
           f"{a.rounds} round(s).", "",
-          "| model | system | tree | compile s | IREE runs | IREE s (summed) | chosen |",
-          "|---|---|---|---|---|---|---|"]
+          "| model | system | tree | compile s | min-max s | IREE runs | IREE s (summed) | chosen |",
+          "|---|---|---|---|---|---|---|---|"]
     for r in rows:
         md.append(f"| {r['model']} | {r['system']} | {os.path.basename(r['tree'])} | "
                   f"{r['median_s'] if r['median_s'] is not None else r['error']} | "
+                  f"{_spread(r['seconds'])} | "
                   f"{r['iree_runs'] if r['iree_runs'] is not None else ''} | "
                   f"{r['iree_s'] if r['iree_s'] is not None else ''} | {r['chosen'] or ''} |")
     for r in rows:
