@@ -15,6 +15,7 @@ not once to probe and again in the program.
 
 from __future__ import annotations
 
+import functools
 import logging
 from dataclasses import dataclass
 
@@ -22,6 +23,7 @@ import torch
 import torch.fx
 from torch.fx.node import map_aggregate
 
+from .._mlir import new_context
 from ..importer.fx_import import import_graph
 from .disk_cache import JsonCache
 from .signatures import op_signature
@@ -65,6 +67,23 @@ class CoverageCache(JsonCache):
 ASSUMED = "assumed to lower: the program's compile is its probe"
 
 
+@functools.lru_cache(maxsize=None)
+def in_torch_dialect(op: torch._ops.OpOverload) -> bool:
+    """The Torch dialect defines an op for ``op`` (the name the FX importer gives it,
+    ``torch.<namespace>.<name>[.<overload>]``); the importer emits any other as a generic
+    ``torch.operator``."""
+    schema = op._schema
+    name = "torch." + schema.name.replace("::", ".")
+    if schema.overload_name:
+        name += "." + schema.overload_name
+    return _dialect_context().is_registered_operation(name)
+
+
+@functools.lru_cache(maxsize=1)
+def _dialect_context():
+    return new_context()
+
+
 def assumes_coverage(target: Target, policy) -> bool:
     """A compile that may assume its unprobed ATen ops lower (``Assumed``): one that
     moves the ops IREE fails on to ATen (``fallback="auto"``) through the Torch
@@ -74,8 +93,11 @@ def assumes_coverage(target: Target, policy) -> bool:
 
 class Assumed:
     """Op signatures assumed covered, not probed, in a program's partition: ATen ops
-    the cache has no verdict for (not other namespaces: quantized and custom ops are
-    probed, since IREE does not know most of them and a decomposition may exist).
+    the cache has no verdict for and the Torch dialect defines (not other namespaces:
+    quantized and custom ops are probed, since IREE does not know most of them and a
+    decomposition may exist; nor ATen ops the importer can only emit as a generic
+    ``torch.operator``, such as ``_native_batch_norm_legit_no_training``, which IREE's
+    lowering rarely knows: a program failing on one would probe every op it assumed).
 
     ``sigs`` maps each to the names of its nodes; ``confirm`` caches the verdicts of
     those whose every node the compiled program holds.
@@ -85,7 +107,8 @@ class Assumed:
         self.sigs: dict[str, set[str]] = {}
 
     def takes(self, node: torch.fx.Node) -> bool:
-        return isinstance(node.target, torch._ops.OpOverload) and node.target.namespace == "aten"
+        return isinstance(node.target, torch._ops.OpOverload) and node.target.namespace == "aten" \
+            and in_torch_dialect(node.target)
 
     def add(self, sig: str, node: torch.fx.Node) -> Verdict:
         self.sigs.setdefault(sig, set()).add(node.name)

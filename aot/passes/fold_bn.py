@@ -1,11 +1,14 @@
-"""Fold eval-mode batch norm into the convolution before it (a graph-level win).
+"""Fold eval-mode batch norm into the convolution or linear before it (a graph-level win).
 
 ``conv2d(x, w, b) -> batch_norm(., gamma, beta, mean, var, eps)`` with every
 parameter constant becomes ``conv2d(x, w * s, (b - mean) * s + beta)`` with
 ``s = gamma / sqrt(var + eps)``, computed once at compile time: the batch-norm
-pass over the activations disappears (eager runs it on every call). Applied to
-a copy of the program and only where results may differ in the last bits, i.e.
-not under ``fallback="all"`` (the bit-exact round-trip mode).
+pass over the activations disappears (eager runs it on every call). A linear
+folds the same way where the batch norm normalises its output features: a 2-D
+batch norm on the linear's output, or on a view of it that keeps its last
+dimension (LeViT's ``bn(linear(x).flatten(0, 1))``). Applied to a copy of the
+program and only where results may differ in the last bits, i.e. not under
+``fallback="all"`` (the bit-exact round-trip mode).
 """
 
 from __future__ import annotations
@@ -30,11 +33,38 @@ def _const_name(ep, node):
     return sig.inputs_to_parameters.get(node.name) or sig.inputs_to_buffers.get(node.name)
 
 
+_VIEWS = (aten.view.default, aten.reshape.default, aten._unsafe_view.default)
+
+
+def _shape(node) -> tuple | None:
+    val = node.meta.get("val") if isinstance(node, torch.fx.Node) else None
+    return tuple(val.shape) if isinstance(val, torch.Tensor) else None
+
+
+def _producer(bn: torch.fx.Node) -> torch.fx.Node | None:
+    """The conv2d or linear a batch norm folds into, or None: the conv2d read by
+    nothing else, or the linear whose output features the batch norm normalises (its
+    input 2-D, the linear's output or a chain of views of it keeping the last
+    dimension, each read by nothing else)."""
+    if bn.op != "call_function" or bn.target != _BN or not isinstance(bn.args[0], torch.fx.Node):
+        return None
+    x = bn.args[0]
+    if x.target == aten.conv2d.default:
+        return x if len(x.users) == 1 else None
+    shape = _shape(x)
+    if shape is None or len(shape) != 2:
+        return None
+    while x.op == "call_function" and x.target in _VIEWS and len(x.users) == 1:
+        x = x.args[0]
+    out = _shape(x)
+    if x.op == "call_function" and x.target == aten.linear.default and len(x.users) == 1 \
+            and out is not None and out[-1] == shape[1]:
+        return x
+    return None
+
+
 def _foldable_pair(bn: torch.fx.Node) -> bool:
-    """A batch norm whose input is a conv2d read by nothing else."""
-    conv = bn.args[0] if bn.op == "call_function" and bn.target == _BN else None
-    return (isinstance(conv, torch.fx.Node) and conv.target == aten.conv2d.default
-            and len(conv.users) == 1)
+    return _producer(bn) is not None
 
 
 def fold_batch_norm(ep: torch.export.ExportedProgram) -> torch.export.ExportedProgram:
@@ -46,7 +76,7 @@ def fold_batch_norm(ep: torch.export.ExportedProgram) -> torch.export.ExportedPr
     g = ep.graph
     folded = 0
     for bn in [n for n in g.nodes if _foldable_pair(n)]:
-        conv = bn.args[0]
+        conv = _producer(bn)
         x, w, b = (list(conv.args) + [None] * 3)[:3]
         gamma, beta, mean, var = bn.args[1:5]
         eps = bn.args[6]
@@ -76,7 +106,7 @@ def fold_batch_norm(ep: torch.export.ExportedProgram) -> torch.export.ExportedPr
         conv.args = tuple(args)
         for u in uses:
             if u.args[1] == 0:
-                u.replace_all_uses_with(conv)
+                u.replace_all_uses_with(bn.args[0])
             g.erase_node(u)
         g.erase_node(bn)
         folded += 1
@@ -84,5 +114,5 @@ def fold_batch_norm(ep: torch.export.ExportedProgram) -> torch.export.ExportedPr
         g.eliminate_dead_code()
         g.lint()
         ep.graph_module.recompile()
-        log.info("folded %d batch norms into convolutions", folded)
+        log.info("folded %d batch norms into convolutions and linears", folded)
     return ep

@@ -97,3 +97,37 @@ def test_the_measured_compile_probes_nothing(monkeypatch, tmp_path):
     assert not any("probe0" in s for s in seen)
     with torch.no_grad():
         torch.testing.assert_close(cm(x), m(x), rtol=1e-5, atol=1e-5)
+
+
+class NormThenLinear(torch.nn.Module):
+    """A batch norm on a 2-D input before a linear (LeViT's head): nothing to fold it
+    into, and an ATen op the Torch dialect does not define."""
+
+    def __init__(self):
+        super().__init__()
+        self.bn, self.fc = torch.nn.BatchNorm1d(16), torch.nn.Linear(16, 8)
+
+    def forward(self, x):
+        return torch.relu(self.fc(self.bn(x)))
+
+
+def test_an_op_outside_the_torch_dialect_is_probed_not_assumed(monkeypatch, tmp_path):
+    """The batch norm is probed (a probe module), the rest assumed: the program
+    compiles once, with the batch norm decomposed, instead of failing and probing every
+    op it assumed."""
+    monkeypatch.setenv("AOT_CACHE_DIR", str(tmp_path))
+    seen = _compiles(monkeypatch)
+    m = NormThenLinear()
+    with torch.no_grad():
+        m.bn.running_mean.uniform_(-1, 1)
+        m.bn.running_var.uniform_(0.5, 2)
+    m, x = m.eval(), torch.randn(4, 16)
+    cm = aot.compile(m, (x,), placement="coverage")
+    programs = [s for s in seen if "probe0" not in s]
+    probes = [s for s in seen if "probe0" in s]
+    assert len(programs) == 1 and len(probes) == 1
+    assert "_native_batch_norm_legit_no_training" in probes[0]
+    assert "linear" not in probes[0] and "relu" not in probes[0]
+    assert {p["where"] for p in cm.manifest["placements"]} == {"compiled"}
+    with torch.no_grad():
+        torch.testing.assert_close(cm(x), m(x), rtol=1e-5, atol=1e-5)
