@@ -158,8 +158,8 @@ for _b in (1, 8):
 # Hugging Face models from their configs (aot/models/hf.py; BERT-base itself, beside the
 # bundled encoder at its width) and timm models (aot/models/timm_zoo.py), random weights
 _HF = {"hf_bert_base": "bert_base", "distilbert": "distilbert", "t5_small_enc": "t5_small_enc",
-       "llama_small": "llama_small"}
-_TIMM = ("mobilevit_s", "convnext_atto", "efficientformer_l1", "deit_tiny")
+       "llama_small": "llama_small", "mobilebert": "mobilebert"}
+_TIMM = ("mobilevit_s", "convnext_atto", "efficientformer_l1", "deit_tiny", "levit_128")
 for _name, _hf_name in _HF.items():
     BENCH_MODELS[f"{_name}_b1"] = _hf(_hf_name, 1)
 for _name in _TIMM:

@@ -25,6 +25,8 @@ HF = {
     "t5_small_enc": ("t5-small's encoder: 6 layers, d_model 512, 8 heads, d_ff 2048", 32128),
     "llama_small": ("a small Llama: 4 layers, hidden 512, 8 heads, MLP 1376, with its LM head",
                     32000),
+    "mobilebert": ("google/mobilebert-uncased: 24 layers, hidden 512 with bottlenecks of 128, "
+                   "4 heads, four FFNs of 512 per layer", 30522),
 }
 
 
@@ -56,6 +58,9 @@ def _build(name: str) -> _TensorOut:
                              num_hidden_layers=4, num_attention_heads=8, num_key_value_heads=8,
                              max_position_embeddings=2048, use_cache=False)
         return _TensorOut(tf.LlamaForCausalLM(cfg), "logits")
+    if name == "mobilebert":
+        return _TensorOut(tf.MobileBertModel(tf.MobileBertConfig(), add_pooling_layer=False),
+                          "last_hidden_state")
     raise ValueError(f"no Hugging Face model {name!r}; choose one of {tuple(HF)}")
 
 

@@ -7,7 +7,8 @@ the same weights. The input is one standard-normal image at the model's own
 resolution (``pretrained_cfg["input_size"]``: 256x256 for MobileViT, 224x224 for
 the others). The set covers what torchvision's zoo lacks: a hybrid CNN-transformer
 (MobileViT-S), a small modern ConvNet (ConvNeXt-Atto), a MetaFormer
-(EfficientFormer-L1) and a data-efficient ViT (DeiT-Tiny); each exports with
+(EfficientFormer-L1), a data-efficient ViT (DeiT-Tiny) and a convolution-stemmed
+attention network with batch-normed linears (LeViT-128); each exports with
 ``torch.export``. Needs ``timm`` (the ``bench`` extra).
 """
 
@@ -19,7 +20,8 @@ __all__ = ["TIMM", "timm_model"]
 
 # short name -> timm's name
 TIMM = {"mobilevit_s": "mobilevit_s", "convnext_atto": "convnext_atto",
-        "efficientformer_l1": "efficientformer_l1", "deit_tiny": "deit_tiny_patch16_224"}
+        "efficientformer_l1": "efficientformer_l1", "deit_tiny": "deit_tiny_patch16_224",
+        "levit_128": "levit_128"}
 
 
 def timm_model(name: str, batch: int = 1, seed: int = 0):
