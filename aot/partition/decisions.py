@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import operator
+import weakref
 from dataclasses import dataclass
 
 import torch
@@ -135,7 +136,7 @@ def _decompose_uncovered(ep, target, policy, cache, kept: dict, prefetch=None, a
         tried.update(table)
         try:
             log.info("decomposing ops IREE does not lower: %s", sorted(map(op_name, table)))
-            decomposed = ep.run_decompositions(table)
+            decomposed = _decomposed(ep, table)
         except Exception as e:  # a decomposition torch cannot apply: keep the op as a kernel call
             log.info("decomposition failed (%s); keeping those ops as kernel calls", e)
             return ep, verdicts
@@ -154,6 +155,22 @@ def _decompose_uncovered(ep, target, policy, cache, kept: dict, prefetch=None, a
             return ep, verdicts
         ep = decomposed
     return ep, probe_nodes(op_nodes(ep), target, cache, prefetch, assume)
+
+
+# program -> {ops decomposed: the decomposed program}. A compile partitions one program
+# several times (the per-op placement, the tiled variant, recovery rounds) with the same
+# verdicts, and torch's decomposition retraces the whole program: a second or more
+# each on a deep network. No partition changes the program it is given.
+_DECOMPOSED: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+
+
+def _decomposed(ep, table: dict):
+    """``ep.run_decompositions(table)``, once per program and set of ops."""
+    done = _DECOMPOSED.setdefault(ep, {})
+    key = frozenset(table)
+    if key not in done:
+        done[key] = ep.run_decompositions(table)
+    return done[key]
 
 
 def _uncarried(ep) -> set[str]:
