@@ -112,7 +112,7 @@ def test_dynamic_attention_tiled_with_the_users_flags_gives_eagers_values(caplog
     m = LinearAttention().eval()
     dyn = ({0: Dim("batch", min=1, max=4), 1: Dim("seq", min=2, max=256)},)
     cm = aot.compile(m, (torch.randn(2, 16, 64),), dynamic_shapes=dyn, placement="coverage",
-                     extra_flags=TILING_FLAGS)
+                     extra_flags=("--iree-opt-data-tiling", "--iree-llvmcpu-enable-ukernels=all"))
     assert "--iree-opt-data-tiling" not in cm.manifest["flags"]
     assert set(DYNAMIC_TILING_FLAGS) <= set(cm.manifest["flags"])
     assert "--iree-global-opt-data-tiling" in caplog.text
