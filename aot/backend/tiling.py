@@ -1,7 +1,7 @@
 """A second compile of the program with data tiling and microkernels, to measure.
 
 IREE 3.13's CPU matmuls without data tiling run several times slower than with it
-(``--iree-opt-data-tiling --iree-llvmcpu-enable-ukernels=all``), which brings them
+(``tiling_flags.TILING_FLAGS``), which brings them
 near ATen's. The same flags make depthwise-heavy convolution networks slower
 (``benchmarks/flag_sweep.py`` compares flag sets per model). Flags are global to one IREE
 compile, so the choice is per program, by measurement: where matmul-family ops
