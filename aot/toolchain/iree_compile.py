@@ -37,28 +37,8 @@ def try_compile(asm: str | bytes, target: Target) -> tuple[bytes | None, str]:
     return _compile(asm, target, input_type)
 
 
-# IREE checks the IR after every pass by default. The checks change no output, cost
-# a fifth of a compile, and their parallel walks, nested in the compiler's parallel
-# code generation, can leave one of two threads idle for that whole phase (LLVM's
-# thread pool runs a queued sibling task inside a nested wait). A compile runs without
-# them; one that fails runs again with them, so its diagnostics are the checked ones.
-_UNCHECKED = ("--verify=false",)
-
-
 def _compile(asm: str | bytes, target: Target, input_type: str = "torch"
              ) -> tuple[bytes | None, str]:
-    """``asm`` compiled without IREE's per-pass IR checks; where that fails, compiled
-    again with them (``_UNCHECKED``)."""
-    if any(f.startswith("--verify") for f in target.flags):
-        return _compile_once(asm, target, input_type, ())
-    vmfb, diag = _compile_once(asm, target, input_type, _UNCHECKED)
-    if vmfb is None:
-        vmfb, diag = _compile_once(asm, target, input_type, ())
-    return vmfb, diag
-
-
-def _compile_once(asm: str | bytes, target: Target, input_type: str,
-                  extra: tuple[str, ...]) -> tuple[bytes | None, str]:
     """Through files, not pipes: a program's weights make input and output hundreds of
     MB, which a pipe moves in page-sized writes under the GIL (seconds of a compile).
     The input file is the compiler's stdin, so its locations (in the diagnostics that
@@ -70,7 +50,7 @@ def _compile_once(asm: str | bytes, target: Target, input_type: str,
             f.write(asm.encode() if isinstance(asm, str) else asm)
         with TempFileSaver.implicit() as tfs:
             options = CompilerOptions(target_backends=[target.backend], input_type=input_type,
-                                      extra_args=[*target.flags, *extra])
+                                      extra_args=list(target.flags))
             options.output_file = tfs.alloc_optional("core-output.bin", export_as=out)
             try:
                 invoke_immediate(build_compile_command_line("-", tfs, options), input_file=src)
