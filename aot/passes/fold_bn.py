@@ -1,4 +1,4 @@
-"""Fold eval-mode batch norm into the convolution or linear before it (a graph-level win).
+"""Fold eval-mode batch norm into the convolution or linear beside it (a graph-level win).
 
 ``conv2d(x, w, b) -> batch_norm(., gamma, beta, mean, var, eps)`` with every
 parameter constant becomes ``conv2d(x, w * s, (b - mean) * s + beta)`` with
@@ -6,7 +6,9 @@ parameter constant becomes ``conv2d(x, w * s, (b - mean) * s + beta)`` with
 pass over the activations disappears (eager runs it on every call). A linear
 folds the same way where the batch norm normalises its output features: a 2-D
 batch norm on the linear's output, or on a view of it that keeps its last
-dimension (LeViT's ``bn(linear(x).flatten(0, 1))``). Applied to a copy of the
+dimension (LeViT's ``bn(linear(x).flatten(0, 1))``). A 2-D batch norm whose output
+only a linear reads folds into that linear instead: ``linear(x * s + t, w, b)`` is
+``linear(x, w * s, b + w @ t)`` (LeViT's ``NormLinear`` heads). Applied to a copy of the
 program and only where results may differ in the last bits, i.e. not under
 ``fallback="all"`` (the bit-exact round-trip mode).
 """
@@ -63,8 +65,30 @@ def _producer(bn: torch.fx.Node) -> torch.fx.Node | None:
     return None
 
 
+def _consumer(bn: torch.fx.Node) -> torch.fx.Node | None:
+    """The linear a 2-D batch norm folds into, or None: the one op reading the batch
+    norm's output (its input, not its weight or bias), with a bias."""
+    if bn.op != "call_function" or bn.target != _BN or _shape(bn.args[0]) is None \
+            or len(_shape(bn.args[0])) != 2:
+        return None
+    outs = [u for u in bn.users if u.target is operator.getitem and u.args[1] == 0]
+    if len(outs) != 1 or len(outs[0].users) != 1:
+        return None
+    lin = next(iter(outs[0].users))
+    if lin.target != aten.linear.default or len(lin.args) < 3 or lin.args[2] is None \
+            or lin.args[0] is not outs[0] or outs[0] in lin.args[1:]:
+        return None
+    return lin
+
+
 def _foldable_pair(bn: torch.fx.Node) -> bool:
-    return _producer(bn) is not None
+    return _producer(bn) is not None or _consumer(bn) is not None
+
+
+def _bn_scale_shift(state, gamma, beta, mean, var, eps):
+    """``s, t`` with ``batch_norm(x) == x * s + t`` (per channel)."""
+    s = state[gamma] / torch.sqrt(state[var] + eps)
+    return s, state[beta] - state[mean] * s
 
 
 def fold_batch_norm(ep: torch.export.ExportedProgram) -> torch.export.ExportedProgram:
@@ -77,6 +101,9 @@ def fold_batch_norm(ep: torch.export.ExportedProgram) -> torch.export.ExportedPr
     folded = 0
     for bn in [n for n in g.nodes if _foldable_pair(n)]:
         conv = _producer(bn)
+        if conv is None:
+            folded += _fold_into_consumer(ep, bn, _consumer(bn))
+            continue
         x, w, b = (list(conv.args) + [None] * 3)[:3]
         gamma, beta, mean, var = bn.args[1:5]
         eps = bn.args[6]
@@ -91,9 +118,9 @@ def fold_batch_norm(ep: torch.export.ExportedProgram) -> torch.export.ExportedPr
         if not all(u.target is operator.getitem for u in uses) \
                 or any(u.args[1] != 0 and u.users for u in uses):
             continue  # the batch statistics outputs are used: keep the op
-        wt, gt, bt, mt, vt = (state[nm] for nm in names)
+        wt, bt, mt = state[names[0]], state[names[2]], state[names[3]]
         with torch.no_grad():
-            s = gt / torch.sqrt(vt + eps)
+            s, _ = _bn_scale_shift(state, *names[1:], eps)
             new_w = (wt * s.reshape(-1, *([1] * (wt.dim() - 1)))).to(wt.dtype)
             bias0 = state[b_name] if b_name else torch.zeros_like(mt)
             new_b = ((bias0 - mt) * s + bt).to(wt.dtype)
@@ -116,3 +143,28 @@ def fold_batch_norm(ep: torch.export.ExportedProgram) -> torch.export.ExportedPr
         ep.graph_module.recompile()
         log.info("folded %d batch norms into convolutions and linears", folded)
     return ep
+
+
+def _fold_into_consumer(ep, bn: torch.fx.Node, lin: torch.fx.Node) -> int:
+    """``linear(batch_norm(x), w, b)`` -> ``linear(x, w * s, b + w @ t)``; 1 if folded."""
+    w, b = lin.args[1], lin.args[2]
+    gamma, beta, mean, var = bn.args[1:5]
+    names = [_const_name(ep, a) for a in (w, b, gamma, beta, mean, var)]
+    uses = list(bn.users)
+    if None in names or len(w.users) != 1 or len(b.users) != 1 \
+            or not all(u.target is operator.getitem for u in uses) \
+            or any(u.args[1] != 0 and u.users for u in uses):
+        return 0  # shared weights, or the batch statistics outputs are used
+    state = ep.state_dict
+    wt, bt = state[names[0]], state[names[1]]
+    with torch.no_grad():
+        s, t = _bn_scale_shift(state, *names[2:], bn.args[6])
+        new_w = (wt * s.reshape(1, -1)).to(wt.dtype)
+        new_b = (bt + wt.to(t.dtype) @ t).to(bt.dtype)
+    state[names[0]] = torch.nn.Parameter(new_w, requires_grad=False)
+    state[names[1]] = torch.nn.Parameter(new_b, requires_grad=False)
+    lin.args = (bn.args[0], *lin.args[1:])
+    for u in uses:
+        ep.graph.erase_node(u)
+    ep.graph.erase_node(bn)
+    return 1

@@ -78,9 +78,45 @@ class SharedLinear(nn.Module):
         return self.bn(y) + y
 
 
+class NormLinear(nn.Module):
+    """LeViT's heads: a batch norm on the pooled features, then a linear."""
+
+    def __init__(self, bias=True):
+        super().__init__()
+        self.bn, self.drop, self.fc = nn.BatchNorm1d(16), nn.Dropout(0.1), nn.Linear(16, 10, bias=bias)
+
+    def forward(self, x):
+        return self.fc(self.drop(self.bn(x)))
+
+
+class NormRead(nn.Module):
+    """The normalised features are read besides the linear: nothing to fold."""
+
+    def __init__(self):
+        super().__init__()
+        self.bn, self.fc = nn.BatchNorm1d(16), nn.Linear(16, 16)
+
+    def forward(self, x):
+        y = self.bn(x)
+        return self.fc(y) + y
+
+
+class NormAsWeight(nn.Module):
+    """The normalised tensor is a linear's weight, not its input: nothing to fold."""
+
+    def __init__(self):
+        super().__init__()
+        self.bn = nn.BatchNorm1d(16)
+
+    def forward(self, x, w):
+        return nn.functional.linear(w, self.bn(x), torch.ones(x.shape[0]))
+
+
 CASES = [(ConvBN, (2, 3, 10, 10), True), (lambda: LinearBN(True), (6, 16), True),
          (lambda: LinearBN(False), (6, 16), True), (LinearNorm, (2, 7, 16), True),
-         (ChannelBN, (2, 5, 16), False), (SharedLinear, (6, 16), False)]
+         (ChannelBN, (2, 5, 16), False), (SharedLinear, (6, 16), False),
+         (NormLinear, (6, 16), True), (lambda: NormLinear(False), (6, 16), False),
+         (NormRead, (6, 16), False)]
 
 
 def _bns(ep) -> int:
@@ -100,7 +136,18 @@ def test_a_batch_norm_folds_where_it_normalises_the_features_before_it(make, sha
         torch.testing.assert_close(folded.module()(x), m(x), rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.parametrize("make,shape", [(LinearNorm, (2, 7, 16)), (lambda: LinearBN(True), (6, 16))])
+def test_a_batch_norm_read_as_a_linear_weight_is_not_folded():
+    m = _randomised(NormAsWeight())
+    x, w = torch.randn(16, 16), torch.randn(3, 16)
+    ep = torch.export.export(m, (x, w)).run_decompositions({})
+    folded = fold_batch_norm(ep)
+    assert _bns(folded) == 1
+    with torch.no_grad():
+        torch.testing.assert_close(folded.module()(x, w), m(x, w), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("make,shape", [(LinearNorm, (2, 7, 16)), (lambda: LinearBN(True), (6, 16)),
+                                        (NormLinear, (6, 16))])
 def test_a_compiled_linear_with_its_batch_norm_folded_is_eager_within_float_error(
         make, shape, tmp_path, monkeypatch):
     monkeypatch.setenv("AOT_CACHE_DIR", str(tmp_path))
