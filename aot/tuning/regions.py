@@ -171,7 +171,7 @@ _BLOCK_SLOW = 1   # ...for a candidate whose call takes ``_SLOW_S`` or more
 _WARM_S = 0.005   # untimed calls per block, at least this long: steady state again
 EXTRA_S = 3.0     # at most this much more for the contenders whose order is not yet clear
 NOISY = 0.10      # a spread (half IQR) over this fraction of a median is a noisy measurement
-OUT_OF_RACE = 1.5  # after two rounds (slow programs: from their first sample on), a
+OUT_OF_RACE = 1.5  # after every round (slow programs: from their first sample on), a
                    # candidate whose fastest call is this many times the best median is
                    # timed no more (``_in_race``), but for one block that checks it was not
                    # just disturbed (``_recheck``)
@@ -763,8 +763,7 @@ def _time_candidates(cands: dict[str, CompiledArtifact], example, target: Target
                     names.append(name)
                     slow = settled == set(mods)
             deferred = []
-            if r >= 1 or slow:
-                names = _in_race(samples, names, {k for k in settled if quiet.get(k)})
+            names = _in_race(samples, names, {k for k in settled if quiet.get(k)})
             if slow and len(names) == 1 and len(samples[names[0]]) >= _SOLE_SAMPLES:
                 break  # nothing left to compare: the others are rechecked below
         _recheck(mods, names, args, kwargs, sync, samples, settled, quiet)
