@@ -100,15 +100,15 @@ def test_the_measured_compile_probes_nothing(monkeypatch, tmp_path):
 
 
 class NormThenLinear(torch.nn.Module):
-    """A batch norm on a 2-D input before a linear (LeViT's head): nothing to fold it
-    into, and an ATen op the Torch dialect does not define."""
+    """A batch norm on a 2-D input, a ReLU, then a linear: nothing to fold it into (the
+    linear does not read it directly), and an ATen op the Torch dialect does not define."""
 
     def __init__(self):
         super().__init__()
         self.bn, self.fc = torch.nn.BatchNorm1d(16), torch.nn.Linear(16, 8)
 
     def forward(self, x):
-        return torch.relu(self.fc(self.bn(x)))
+        return self.fc(torch.relu(self.bn(x)))
 
 
 def test_an_op_outside_the_torch_dialect_is_probed_not_assumed(monkeypatch, tmp_path):
