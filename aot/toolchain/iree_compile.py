@@ -37,27 +37,68 @@ def try_compile(asm: str | bytes, target: Target) -> tuple[bytes | None, str]:
     return _compile(asm, target, input_type)
 
 
+# IREE's per-pass IR checks stay on from the input to the executables' sources (global
+# optimization, dispatch creation, flow, stream: where IREE 3.13 was seen to make invalid
+# IR, on a PT2E int8 convolution) and are off in the code generation of each executable,
+# where their parallel walk, nested in the per-executable parallel loop, leaves one of
+# two threads idle in about a third of the compiles (docs/performance.md, "Compile time")
+SPLIT_AT = "executable-sources"
+# programs this large or larger compile in the two phases (a probe's or a cost module's
+# one-op program does not pay for a second process)
+SPLIT_MIN_BYTES = 64 << 10
+_PHASE_FLAGS = ("--compile-to", "--compile-from", "--verify", "--mlir-disable-threading")
+
+
 def _compile(asm: str | bytes, target: Target, input_type: str = "torch"
              ) -> tuple[bytes | None, str]:
     """Through files, not pipes: a program's weights make input and output hundreds of
     MB, which a pipe moves in page-sized writes under the GIL (seconds of a compile).
     The input file is the compiler's stdin, so its locations (in the diagnostics that
     ``recover.blame`` reads, and in the module) say ``<stdin>``, never a temp path: the
-    same program compiles to the same bytes."""
+    same program compiles to the same bytes.
+
+    A program of ``SPLIT_MIN_BYTES`` or more compiles in two phases (``_split``): to
+    ``SPLIT_AT`` with IREE's checks, then on without them; the module is the same bytes
+    as one checked compile's."""
+    data = asm.encode() if isinstance(asm, str) else asm
     with tempfile.TemporaryDirectory(prefix="aot-iree-") as d:
         src, out = os.path.join(d, "input.mlir"), os.path.join(d, "output.vmfb")
         with open(src, "wb") as f:
-            f.write(asm.encode() if isinstance(asm, str) else asm)
-        with TempFileSaver.implicit() as tfs:
-            options = CompilerOptions(target_backends=[target.backend], input_type=input_type,
-                                      extra_args=list(target.flags))
-            options.output_file = tfs.alloc_optional("core-output.bin", export_as=out)
-            try:
-                invoke_immediate(build_compile_command_line("-", tfs, options), input_file=src)
-            except CompilerToolError as e:
-                return None, str(e)
+            f.write(data)
+        if _split(data, target):
+            mid = os.path.join(d, "sources.mlir")
+            diag = _run(src, mid, target, input_type,
+                        (f"--compile-to={SPLIT_AT}", "--mlir-print-debuginfo"))
+            if diag is None:
+                diag = _run(mid, out, target, input_type,
+                            (f"--compile-from={SPLIT_AT}", "--verify=false"))
+        else:
+            diag = _run(src, out, target, input_type, ())
+        if diag is not None:
+            return None, diag
         with open(out, "rb") as f:
             return f.read(), ""
+
+
+def _split(data: bytes, target: Target) -> bool:
+    """Compile in two phases: a large program, phases and checks not set by the user."""
+    return len(data) >= SPLIT_MIN_BYTES and not any(
+        f.split("=")[0] in _PHASE_FLAGS for f in target.flags)
+
+
+def _run(src: str, out: str, target: Target, input_type: str, phase: tuple[str, ...]
+         ) -> str | None:
+    """One iree-compile run, ``src`` as its stdin, its output written to ``out``: None,
+    or its diagnostics."""
+    with TempFileSaver.implicit() as tfs:
+        options = CompilerOptions(target_backends=[target.backend], input_type=input_type,
+                                  extra_args=[*target.flags, *phase])
+        options.output_file = tfs.alloc_optional("core-output.bin", export_as=out)
+        try:
+            invoke_immediate(build_compile_command_line("-", tfs, options), input_file=src)
+        except CompilerToolError as e:
+            return str(e)
+    return None
 
 
 def compile_mlir(asm: str, target: Target, *, what: str = "model") -> bytes:
