@@ -5,11 +5,13 @@
 Compiles each model as ``aot compile`` does (empty cache, default options, the example)
 and compiles every IREE input of that compile once more without the checks
 (``--verify=false``). Reported per compile: both wall times, whether both succeeded, and
-whether the two modules are the same bytes. ``aot`` keeps the checks: they catch the
-invalid IR IREE 3.13 makes of one integer convolution of a PT2E-quantized ResNet18 under
-``placement="coverage"`` (checked, the compile fails and that convolution runs in ATen;
-unchecked, it compiles to wrong results), although every bench model's modules come out
-the same bytes.
+whether the two modules are the same bytes. ``aot`` keeps the checks up to the
+executables' sources (``iree_compile.SPLIT_AT``): they catch the invalid IR IREE 3.13 makes
+of one integer convolution of a PT2E-quantized ResNet18 under ``placement="coverage"``
+(checked, the compile fails and that convolution runs in ATen; unchecked, it compiles to
+wrong results), although every bench model's modules come out the same bytes. The
+compiles ``aot`` times here are its own: two runs for a program of
+``iree_compile.SPLIT_MIN_BYTES`` or more, checked up to the sources.
 """
 
 from __future__ import annotations
