@@ -49,7 +49,7 @@ COVERAGE_MAX_CALLS = 8
 # a static program worth tiling with this many GFLOP in heavy ops or more (about 2.5 ms
 # at this machine's 200 GFLOP/s): only its data-tiled variant is compiled (``_tiled_alone``).
 # LeViT-128 (0.8 GFLOP) had its per-op program and tiled variant within noise of each
-# other (benchmarks/results/cpu-epyc-2core/compile-time-session14), the two compiles
+# other (benchmarks/results/cpu-epyc-2core/compile-time-session14-levit), the two compiles
 # side by side over 7 s of its compile; the 4-layer BERT encoder (0.12) has both compiled
 TILED_ALONE_GFLOP = 0.5
 # ...and with this many or more (ATen's calls a tenth of a second or longer), its heavy
