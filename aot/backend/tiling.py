@@ -42,7 +42,7 @@ from ..forms.conv_rewrites import as_matmul
 from ..partition.flops import node_flops
 from ..partition.placement import PlacementPolicy
 from ..toolchain.targets import Target
-from ..toolchain.tiling_flags import DYNAMIC_TILING_FLAGS, DYNAMIC_UNSAFE
+from ..toolchain.tiling_flags import DYNAMIC_UNSAFE, TILING_FLAGS
 
 __all__ = ["MATMUL_SHARE", "worth_tiling"]
 log = logging.getLogger(__name__)
@@ -75,7 +75,7 @@ def worth_tiling(imported: ImportedProgram, target: Target, policy: PlacementPol
     program with attention)."""
     if target.backend != "llvm-cpu" or policy.fallback == "all" or target.profile != "default":
         return False
-    if any(f.startswith(DYNAMIC_UNSAFE + DYNAMIC_TILING_FLAGS[:1]
+    if any(f.startswith(DYNAMIC_UNSAFE + TILING_FLAGS[:1]
                         + ("--iree-llvmcpu-enable-ukernels",)) for f in target.flags):
         return False
     convs = policy.placement == "coverage" or _has_attention(imported)

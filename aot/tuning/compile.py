@@ -317,7 +317,7 @@ def _specialized(art: CompiledArtifact, variants: dict, imported: ImportedProgra
     tiled = variants.get("iree-tiled")
     if worth_specializing(tiled, imported):
         coverage = dataclasses.replace(policy, placement="coverage")
-        target = tiled_target(target, dynamic=True)
+        target = tiled_target(target)
         return art, {**variants, "iree-tiled": specialize(tiled, imported, target, coverage)}
     if worth_specializing(art, imported):
         return specialize(art, imported, target, policy), variants
@@ -401,7 +401,7 @@ def _variant_program(imported: ImportedProgram, target: Target, policy: Placemen
     """
     tiled = worth_tiling(imported, target, policy)
     if tiled:
-        name, vtarget = "iree-tiled", tiled_target(target, dynamic=bool(imported.symbols))
+        name, vtarget = "iree-tiled", tiled_target(target)
     else:
         if not _coverage_wanted(per_op, target, policy):
             return None
