@@ -32,7 +32,10 @@ from typing import Any, Callable, Iterator
 from .errors import AotError, ArtifactError
 from .limits import MAX_RANK, MAX_TENSOR_BYTES, check_document, read_json, tensor_bytes
 from .op_table import GROUP_OP, name_problem, py_problem
-from .treespec import TreeSpec
+from .fallback import static_values
+from .symbolic import free_symbols
+from .torch_tensor import LAYOUT_NAMES, itemsize, known_dtype_names
+from .treespec import TreeSpec, load_treespec
 
 __all__ = ["Manifest", "FORMAT_VERSION", "READS", "PARAMETER_SCOPE", "check_manifest",
            "reading"]
@@ -225,7 +228,6 @@ def _names(types) -> str:
 
 def _tensor(d: Any, field: str) -> None:
     """A TorchTensor's JSON (``aot.torch_tensor``)."""
-    from .torch_tensor import LAYOUT_NAMES, itemsize, known_dtype_names
     _need(isinstance(d, dict), field, "expected a tensor description (object)")
     _need(_one_of(d.get("dtype"), known_dtype_names()), f"{field}.dtype", f"unknown dtype {d.get('dtype')!r}")
     shape, strides = d.get("shape"), d.get("strides")
@@ -267,7 +269,6 @@ def _tensor(d: Any, field: str) -> None:
 
 def _size_expr(s) -> bool:
     """A symbolic size (``aot.symbolic``): an expression the runtime evaluates."""
-    from .symbolic import free_symbols
     if not isinstance(s, str):
         return False
     try:
@@ -292,7 +293,6 @@ def _symbols(m: dict, inputs: list) -> None:
 
 
 def _static(v: Any, field: str) -> None:
-    from .fallback import static_values
     try:
         static_values.decode(v)
     except Exception as e:  # noqa: BLE001 - any decoding failure is the field's fault
@@ -330,7 +330,6 @@ def _spec(m: dict, key: str, leaves: int) -> None:
     try:
         n = tree.num_leaves
         if _torch() is not None:  # its pytree also knows every container type named
-            from .treespec import load_treespec
             load_treespec(s)
     except Exception as e:  # noqa: BLE001
         raise _Bad(key, f"not a pytree spec ({type(e).__name__}: {e})")
@@ -529,7 +528,6 @@ def _laid_out(strides, const: Any, field: str) -> None:
     dimension, none negative, the extent within the bound on a tensor's size."""
     if strides is None or not isinstance(const, dict):
         return
-    from .torch_tensor import itemsize
     shape = const.get("shape") or []
     _need(isinstance(strides, list) and len(strides) == len(shape)
           and all(_is_int(x) and x >= 0 for x in strides), field,

@@ -19,6 +19,7 @@ from .artifact import CompiledArtifact
 from .errors import UnsupportedOp
 from .importer.program import ImportedProgram, ImportOptions, import_model
 from .tuning.compile import compile_model, stablehlo_module
+from .backend.lower import lower
 from .partition.partitioner import partition, torch_mlir
 from .partition.placement import PlacementPolicy
 from .tuning.plain_module import plain_vmfb
@@ -83,7 +84,8 @@ class Exported:
     def partitioned(self) -> str:
         """The module IREE compiles, kernel calls outlined (per-op placement)."""
         policy = self.options.policy
-        return partition(prepare(self.imported, policy)[0], self.options.target, policy).mlir
+        return lower(partition(prepare(self.imported, policy)[0], self.options.target,
+                               policy)).mlir
 
     def stablehlo(self) -> str:
         """The portable StableHLO export (``aot.tuning.compile.stablehlo_module``)."""

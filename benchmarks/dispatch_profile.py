@@ -56,6 +56,7 @@ def compiled_program(name: str, placement: str, flags: list[str]):
     from aot.importer import import_model
     from aot.passes.prepare import prepare
     from aot.partition.partitioner import partition
+    from aot.backend.lower import lower
     from aot.partition.placement import PlacementPolicy
     from aot.toolchain.targets import get_target
     from aot.bench.suite import BENCH_MODELS
@@ -68,7 +69,7 @@ def compiled_program(name: str, placement: str, flags: list[str]):
     imported, _ = prepare(import_model(model, example), policy)
     # a module IREE's own tools run: its weights inline, not parameters aot's runtime serves
     target = dataclasses.replace(get_target("cpu", tuple(flags)), parameters=False)
-    p = partition(imported, target, policy)
+    p = lower(partition(imported, target, policy))
     calls = [f"{pl.op} ({pl.reason})" for pl in p.placements if pl.where != "compiled"]
     if calls:
         raise SystemExit(f"dispatch_profile: {name} has kernel calls under placement="

@@ -21,7 +21,7 @@ from ..torch_tensor import TorchTensor
 from ..treespec import dump_treespec
 from ..partition import aten_region
 from ..toolchain.iree_compile import compile_error, try_compile
-from ..partition.partitioner import PartitionedProgram
+from .lower import LoweredProgram
 from ..partition.placement import KERNEL_CALL, Placement, PlacementPolicy, op_name
 from ..toolchain.targets import Target
 from ..partition.threads import one_thread_calls
@@ -29,11 +29,11 @@ from ..partition.threads import one_thread_calls
 __all__ = ["compile_program", "build_artifact", "host_artifact", "compile_input", "iree_version"]
 
 
-def compile_program(p: PartitionedProgram) -> CompiledArtifact:
-    """Compile the partitioned module for its target.
+def compile_program(p: LoweredProgram) -> CompiledArtifact:
+    """Compile the lowered module for its target.
 
     Args:
-        p: from ``aot.partition.partitioner``.
+        p: from ``aot.backend.lower``.
     Returns:
         CompiledArtifact (vmfb + manifest).
     Raises:
@@ -47,7 +47,7 @@ def compile_program(p: PartitionedProgram) -> CompiledArtifact:
     return build_artifact(p, vmfb, time.perf_counter() - t0)
 
 
-def compile_input(p: PartitionedProgram) -> str | bytes:
+def compile_input(p: LoweredProgram) -> str | bytes:
     """What iree-compile reads: MLIR bytecode, where the weights are bytes (as text they
     are hex: a large model's text takes seconds to print and as long to parse); the text where
     torch-mlir reads it first (``via="stablehlo"``)."""
@@ -72,7 +72,7 @@ def host_artifact(imported: ImportedProgram, target: Target, policy: PlacementPo
     return CompiledArtifact.built(b"", manifest, blob)
 
 
-def build_artifact(p: PartitionedProgram, vmfb: bytes, seconds: float) -> CompiledArtifact:
+def build_artifact(p: LoweredProgram, vmfb: bytes, seconds: float) -> CompiledArtifact:
     if p.imported.symbols:
         _check_dynamic_signature(p)
     table, parameters, blob = pack_constants(p.host_constants, p.parameters)
@@ -86,7 +86,7 @@ def build_artifact(p: PartitionedProgram, vmfb: bytes, seconds: float) -> Compil
 _VTENSOR = re.compile(r"!torch\.vtensor<\[([^\]]*)\]")
 
 
-def _check_dynamic_signature(p: PartitionedProgram) -> None:
+def _check_dynamic_signature(p: LoweredProgram) -> None:
     """The compiled ``main`` has a dynamic dimension (``?``) exactly where the program's
     inputs and outputs follow a symbol: a compile step that fixed one to the example's
     size would give a module that is wrong at every other size.

@@ -35,6 +35,10 @@ import math
 from functools import lru_cache
 from typing import TYPE_CHECKING, Any
 
+from ..errors import InputMismatch
+from ..symbolic import evaluate
+from ..torch_tensor import dtype_from_name, dtype_name
+
 if TYPE_CHECKING:  # torch is imported where a torch value is met: the torch-free
     import torch   # runtime decodes a plain artifact's static values too
 
@@ -68,7 +72,6 @@ def has_sym_size(value: Any) -> bool:
 def resolve_sizes(value: Any, env: dict) -> Any:
     """``value`` with every :class:`SymSize` evaluated against ``env`` (symbol -> int)."""
     if isinstance(value, SymSize):
-        from ..symbolic import evaluate
         return evaluate(value.expr, env)
     if isinstance(value, list):
         return [resolve_sizes(v, env) for v in value]
@@ -108,7 +111,6 @@ def encode(value: Any) -> Any:
         return {"tuple" if isinstance(value, tuple) else "list": [encode(v) for v in value]}
     import torch
     if isinstance(value, torch.dtype):
-        from ..torch_tensor import dtype_name
         return {"dtype": dtype_name(value)}
     if isinstance(value, torch.device):
         return {"device": str(value)}
@@ -133,7 +135,6 @@ def decode(data: Any, *, device: "torch.device | None" = None) -> Any:
     if tag == "complex":
         return complex(decode(v[0]), decode(v[1]))
     if tag == "dtype":
-        from ..torch_tensor import dtype_from_name
         return dtype_from_name(v)
     if tag == "device":
         if device is not None:
@@ -150,7 +151,6 @@ def decode(data: Any, *, device: "torch.device | None" = None) -> Any:
 def check_given(value: Any, recorded: Any, name: str) -> None:
     """A model input compiled as a static value (``recorded``, as encoded): the caller
     must give that value. Raises InputMismatch naming the input."""
-    from ..errors import InputMismatch
     expected = decode(recorded)
     if value != expected:
         raise InputMismatch(f"{name}: the model was compiled with the value "

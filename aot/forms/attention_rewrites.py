@@ -2,7 +2,7 @@
 
 IREE 3.13 lowers ``scaled_dot_product_attention`` to its attention op, which its
 CPU backend runs several times slower than the same arithmetic written out as
-``bmm -> softmax -> bmm``. The partitioner emits the written-out form for the
+``bmm -> softmax -> bmm``. The IREE backend writes the written-out form for the
 attention it compiles (``attention_as_matmuls``), the cost probe times the same
 form. Rewritten: no dropout, not causal, no GQA, no mask, a floating-point
 additive mask or a boolean one (False: masked out, as ``-inf``); others keep the op.

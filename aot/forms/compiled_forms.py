@@ -1,4 +1,4 @@
-"""The forms the partitioner emits for compiled ops that IREE runs badly as written.
+"""The forms the IREE backend writes compiled ops in where IREE runs them badly as written.
 
 Each rewrite computes the op's own arithmetic in ops IREE 3.13 compiles well
 (each module says what IREE does with the op as written): convolutions as matmuls or
@@ -12,9 +12,11 @@ pass cancels where the mean is large), reductions of float16/bfloat16 tensors in
 (``half_rewrites``: IREE accumulates in the half type, which overflows or loses the
 total over a long reduction), maximum, minimum and the clamps with NaN selected where an
 operand is NaN (``nan_rewrites``: IREE's min/max return the other operand), integer
-negation as a subtraction from zero (``int_negation``: IREE's goes through floating point). ``emit`` is the one entry point: the partitioner calls it for
-every compiled op, the cost probe for the one-op graphs it times, so both measure
-and build the same form.
+negation as a subtraction from zero (``int_negation``: IREE's goes through floating point).
+
+``emit`` is the one rewrite of one op: ``apply``, the IREE backend's pass over a
+partitioned program's graph (``aot.backend.lower``), calls it for every compiled op, the
+cost probe for the one-op graphs it times, so both measure and build the same form.
 
 A portable export (``--emit stablehlo``, ``aot.export_stablehlo``) is for other
 consumers than IREE: it keeps the ops as written (``stablehlo.convolution`` for a
@@ -25,6 +27,8 @@ convolution), but for the exact rewrites of ops whose usual lowerings lose preci
 from __future__ import annotations
 
 import torch
+import torch.utils._pytree as pytree
+from torch._subclasses.fake_tensor import FakeTensor
 
 from ..importer.dynamic import is_symbolic_value
 from .attention_rewrites import attention_as_matmuls
@@ -37,7 +41,7 @@ from .half_rewrites import reductions_in_float
 from .nan_rewrites import nan_propagating
 from .int_negation import negation_exact
 
-__all__ = ["FORMS", "emit"]
+__all__ = ["FORMS", "emit", "apply"]
 
 # names the compiled forms; part of the cost cache's key (``cost``), so a measurement
 # of an op's older form is not reused
@@ -78,6 +82,61 @@ def emit(node: torch.fx.Node, g: torch.fx.Graph, env: dict, named: bool = False,
         new = rewrite(node, g, env)
         if new is not None:
             return new
+    return None
+
+
+def apply(graph: torch.fx.Graph, named: bool = False, portable: bool = False
+          ) -> torch.fx.Graph:
+    """A copy of the partitioned ``graph`` with every compiled op in its form (``emit``);
+    kernel calls (``aot_kc`` ops) and ops that compile as they are, copied.
+
+    The partitioned graph holds its weights as tensors (``stateless_graph``), where
+    ``emit`` reads operands as nodes with a value: each tensor operand is read as a
+    stand-in node whose value is a fake tensor of it (in the fake mode of the op's own
+    values) and whose ``env`` entry is the tensor itself, so a form that reorders a
+    weight reorders the tensor once, here."""
+    g = torch.fx.Graph()
+    env: dict = {}
+    scratch = torch.fx.Graph()  # the stand-ins and the ops as ``emit`` reads them
+    for node in graph.nodes:
+        new = None
+        if node.op == "call_function" and not _is_kernel_call(node):
+            new = emit(_reading_nodes(node, scratch, env), g, env, named, portable)
+        env[node] = new if new is not None else g.node_copy(node, lambda n: env[n])
+    return g
+
+
+def _is_kernel_call(node: torch.fx.Node) -> bool:
+    return isinstance(node.target, torch._ops.OpOverload) and node.target.namespace == "aot_kc"
+
+
+def _reading_nodes(node: torch.fx.Node, scratch: torch.fx.Graph, env: dict) -> torch.fx.Node:
+    """``node``, or where an operand is a tensor, a node of ``scratch`` that reads a
+    stand-in for it instead (see ``apply``)."""
+    if not any(isinstance(a, torch.Tensor) for a in (*node.args, *node.kwargs.values())):
+        return node
+    mode = _fake_mode(node)
+
+    def stand_in(a):
+        if not isinstance(a, torch.Tensor):
+            return a
+        s = scratch.call_function(torch.ops.aten.alias.default, ())
+        s.meta["val"] = mode.from_tensor(a, static_shapes=True) if mode is not None else \
+            torch.empty_strided(a.shape, a.stride(), dtype=a.dtype, device="meta")
+        env[s] = a
+        return s
+    read = scratch.call_function(node.target, tuple(stand_in(a) for a in node.args),
+                                 {k: stand_in(v) for k, v in node.kwargs.items()})
+    read.meta = node.meta
+    return read
+
+
+def _fake_mode(node: torch.fx.Node):
+    """The fake mode of ``node``'s values (its operands' values are computed with it)."""
+    for v in pytree.tree_leaves([node.meta.get("val")] +
+                                [a.meta.get("val") for a in node.all_input_nodes]):
+        if isinstance(v, FakeTensor):
+            return v.fake_mode
     return None
 
 

@@ -42,7 +42,7 @@ at most 2.5 MiB (``SMALL_OUTPUT``): IREE fuses about six taps into one loop and
 writes each partial sum out, cheap while it stays in cache; over that the
 convolution form wins.
 
-The partitioner emits these forms only for the convolutions it compiles
+The IREE backend writes these forms only for the convolutions it compiles
 (``conv_as_matmul``, ``depthwise_as_shifts``, through ``compiled_forms``); under
 ``fallback="all"`` nothing is compiled.
 """

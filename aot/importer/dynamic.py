@@ -16,6 +16,7 @@ import torch.fx
 import torch.utils._pytree as pytree
 
 from ..errors import ExportFailed
+from ..fallback.static_values import SymSize
 from ..symbolic import is_input_symbol
 
 __all__ = ["symbol_table", "declared_dims", "dim_names", "export_example", "symbolic_sizes",
@@ -154,7 +155,6 @@ def symbolic_sizes(value):
     """An FX operand (a node holding a SymInt, or a list of sizes with such nodes) as the
     static-value contract records it (``SymSize`` where a size follows a symbol), or None
     when it holds no symbolic size or holds something else only known at run time."""
-    from ..fallback.static_values import SymSize
 
     def one(a):
         v = a.meta.get("val") if isinstance(a, torch.fx.Node) else a

@@ -33,7 +33,7 @@ from ..toolchain.targets import Target
 from ..toolchain.iree_compile import try_compile
 from ..toolchain.linalg_kernels import expand, named_kernels
 from ..importer.fx_import import import_graph
-from ..forms.compiled_forms import FORMS, emit
+from ..forms.compiled_forms import FORMS, apply as apply_forms
 from ..runtime.device import get_device, torch_to_buffer_view
 from ..fallback.quantized_ops import PREPACKED
 from ..fallback.prepack import _CONV_ARGS, _mkl_linear_available, available
@@ -526,15 +526,11 @@ def _packed_ms(node: torch.fx.Node) -> float | None:
 
 
 def _compiled_form(graph: torch.fx.Graph, target: Target) -> torch.fx.Graph:
-    """The one-op graph as the partitioner compiles it for ``target`` (``compiled_forms``:
+    """The one-op graph as the IREE backend compiles it for ``target`` (``compiled_forms``:
     a convolution IREE runs badly becomes a matmul, shifted multiply-adds or a named
     channels-last one, attention two matmuls, a global pool a mean): what IREE's side of
     the comparison runs."""
-    g, env, named = torch.fx.Graph(), {}, named_kernels(target)
-    for n in graph.nodes:
-        new = emit(n, g, env, named)
-        env[n] = new if new is not None else g.node_copy(n, lambda a: env[a])
-    return g
+    return apply_forms(graph, named_kernels(target))
 
 
 def measure_nodes(nodes: list[torch.fx.Node], target: Target, cache: CostCache,

@@ -5,7 +5,7 @@ FunctionSchema with its defaults (tensor, run-time scalar and static operands)
 and replaced by an ``aot_kc`` placeholder call (``kernel_call_op``), which
 ``outline`` later turns into a call of a host function; a group (``grouping``)
 becomes one such call whose members run in order over value slots. Compiled ops
-are copied, or emitted in their ``compiled_forms``.
+are copied as they are (the IREE backend writes them in its forms: ``aot.backend.lower``).
 """
 
 from __future__ import annotations
@@ -25,7 +25,6 @@ from ..importer.dynamic import symbolic_sizes
 from ..importer.fx_import import DROP, stateless_graph
 from ..importer.locations import node_location
 from ..torch_tensor import QuantParams, TorchTensor
-from ..forms import compiled_forms
 from .decisions import is_assert
 from .grouping import Grouping, n_results, scalar_kind, source, used_outside
 from .kernel_call_op import kernel_call_op
@@ -34,8 +33,7 @@ from .placement import COMPILED, KERNEL_CALL, op_name
 __all__ = ["HostConstants", "quantized_boundary", "rewrite_graph"]
 
 
-def rewrite_graph(ep, decided: dict, sizes: frozenset, grouping: Grouping,
-                  named: bool = False, portable: bool = False):
+def rewrite_graph(ep, decided: dict, sizes: frozenset, grouping: Grouping):
     """The stateless graph of ``ep`` with its kernel calls as ``aot_kc`` placeholder calls.
 
     Args:
@@ -43,9 +41,6 @@ def rewrite_graph(ep, decided: dict, sizes: frozenset, grouping: Grouping,
         decided: op node -> ``(where, why)``, from ``decisions``.
         sizes: size nodes kernel calls record: dropped.
         grouping: from ``grouping``; filled in as groups are emitted.
-        named: compiled forms may call ``linalg_kernels`` ops (``named_kernels``).
-        portable: a portable export: compiled ops as written, but for the exact
-            rewrites (``compiled_forms.emit``).
     Returns:
         The new graph, the KernelCallSpecs in site order, op node name -> kernel
         call key, and the host-held constants the calls read.
@@ -56,13 +51,12 @@ def rewrite_graph(ep, decided: dict, sizes: frozenset, grouping: Grouping,
     node_keys: dict[str, str] = {}
     consts = HostConstants()
     graph = stateless_graph(ep, lambda n, g, env: DROP if n in sizes else _rewrite(
-        n, g, env, decided, specs, grouping, node_keys, consts, named, portable))
+        n, g, env, decided, specs, grouping, node_keys, consts))
     return graph, specs, node_keys, consts
 
 
 def _rewrite(node, g: torch.fx.Graph, env: dict, decided: dict, specs: list,
-             grouping: Grouping, node_keys: dict, consts: HostConstants, named: bool = False,
-             portable: bool = False):
+             grouping: Grouping, node_keys: dict, consts: HostConstants):
     if node.op == "call_function" and is_assert(node):
         return DROP  # checked by the runtime's input specs instead
     if node.target is operator.getitem and node.args[0] in grouping.values:
@@ -78,8 +72,7 @@ def _rewrite(node, g: torch.fx.Graph, env: dict, decided: dict, specs: list,
         return DROP if v[0] is None else v[0]  # DROP: only used inside its group
     where, reason = decided.get(node, (COMPILED, ""))
     if where != KERNEL_CALL:
-        # None: copied as it is
-        return compiled_forms.emit(node, g, env, named, portable)
+        return None  # copied as it is
     spec, operands, scalars, _ = _kernel_call_spec(node, env, f"call_{len(specs)}", reason, consts)
     ins = "t" * len(spec.crossing) + "".join(spec.scalar_inputs)
     new = g.call_function(kernel_call_op(ins, spec.out_kinds),

@@ -2,16 +2,14 @@
 
 Second link of the chain, one step a module, read top to bottom: ``decisions``
 places every op (coverage measured, uncovered ops decomposed, costs measured),
-``grouping`` joins neighbouring kernel calls into one crossing, ``kernel_calls``
-rewrites the graph, recording a KernelCallSpec per kernel call, and the graph
-is imported and outlined (``outline``) into the Torch-dialect module that
-``compile_program`` compiles.
+``grouping`` joins neighbouring kernel calls into one crossing, and ``kernel_calls``
+rewrites the graph, recording a KernelCallSpec per kernel call. The backend
+(``aot.backend.lower``) writes the compiled ops in its forms, imports the graph and
+outlines the kernel calls into the Torch-dialect module it compiles.
 """
 
 from __future__ import annotations
 
-import functools
-import io
 import logging
 import operator
 from dataclasses import dataclass, field
@@ -20,14 +18,12 @@ import torch
 import torch.fx
 
 from ..fallback.spec import KernelCallSpec, lacks_cuda_kernel
-from ..importer.fx_import import Parameters, import_graph, stateless_graph
+from ..importer.fx_import import import_graph, stateless_graph
 from ..importer.program import ImportedProgram
 from .coverage import CoverageCache
 from .decisions import decide, op_nodes
 from .grouping import Grouping
 from .kernel_calls import rewrite_graph
-from ..toolchain.linalg_kernels import expand, named_kernels
-from .outline import outline_kernel_calls
 from .placement import KERNEL_CALL, Placement, PlacementPolicy
 from ..toolchain.targets import Target
 
@@ -37,14 +33,11 @@ log = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class PartitionedProgram:
-    """Made by :func:`partition`, read by ``aot.backend.build.compile_program``.
+    """Made by :func:`partition`, read by the backend (``aot.backend.lower``).
 
-    ``module`` is the outlined Torch-dialect module (kernel calls are ``func.call``s
-    of ``aot_kernels.*`` imports), ``mlir`` its text (printed when first read: the
-    weights are hex in it, so a large model's text takes seconds to print and as long
-    for iree-compile to parse), ``bytecode()`` its MLIR bytecode (the weights as bytes);
-    ``placements`` has one row per op, in graph order; ``kernel_calls[i].key`` names
-    the i-th host function.
+    ``graph`` is the program with its kernel calls as ``aot_kc`` ops and its compiled
+    ops as written; ``placements`` has one row per op, in graph order;
+    ``kernel_calls[i].key`` names the i-th kernel call.
     """
 
     imported: ImportedProgram
@@ -52,7 +45,6 @@ class PartitionedProgram:
     policy: PlacementPolicy
     placements: tuple[Placement, ...]
     kernel_calls: tuple[KernelCallSpec, ...]
-    module: object = field(compare=False, repr=False)
     producers: dict[str, tuple[str, ...]] | None = None  # op node -> the op nodes it reads
     # weights only kernel calls read, by name: kept beside the module for the host,
     # never passed through IREE (which copies a constant on every call it crosses)
@@ -60,28 +52,12 @@ class PartitionedProgram:
     # the key of the one kernel call that *is* the program (model inputs in order
     # in, its results out in order), or None: see ``single_call``
     whole_program_call: str | None = None
-    # the graph ``mlir`` was imported from (kernel calls as ``aot_kc`` ops)
     graph: torch.fx.Graph | None = field(default=None, compare=False, repr=False)
-    # the weights the module reads as IREE parameters, by key (``target.parameters``)
-    parameters: dict[str, torch.Tensor] = field(default_factory=dict, compare=False,
-                                                repr=False)
 
     def __post_init__(self):
         keys = [k.key for k in self.kernel_calls]
         assert len(set(keys)) == len(keys), "kernel call keys must be unique"
         assert {p.key for p in self.placements if p.where == KERNEL_CALL} == set(keys)
-
-    @functools.cached_property
-    def mlir(self) -> str:
-        return str(self.module)
-
-    def bytecode(self) -> bytes:
-        """The module as MLIR bytecode, which iree-compile reads as it reads the text;
-        its diagnostics then point at the ops' own locations, not at lines of ``mlir``
-        (``recover.blame`` needs the text)."""
-        out = io.BytesIO()
-        self.module.operation.write_bytecode(out)
-        return out.getvalue()
 
 
 def torch_mlir(imported: ImportedProgram) -> str:
@@ -93,8 +69,8 @@ def partition(imported: ImportedProgram, target: Target,
               policy: PlacementPolicy = PlacementPolicy(),
               cache: CoverageCache | None = None,
               demoted: dict[str, str] | None = None,
-              assume=None, portable: bool = False) -> PartitionedProgram:
-    """Place every op and outline the kernel calls.
+              assume=None) -> PartitionedProgram:
+    """Place every op and rewrite the ones placed in ATen into kernel calls.
 
     Args:
         imported: from ``import_model``.
@@ -105,8 +81,6 @@ def partition(imported: ImportedProgram, target: Target,
             whole-program compile (see ``recover``): they become kernel calls.
         assume: ``coverage.Assumed``: ATen ops not yet probed are assumed to lower
             (the caller compiles the program, confirms, or partitions again without).
-        portable: for a portable export (``--emit stablehlo``): compiled ops stay as
-            written, not in the forms IREE runs well (``compiled_forms``).
     Returns:
         PartitionedProgram.
     Raises:
@@ -118,11 +92,8 @@ def partition(imported: ImportedProgram, target: Target,
     ep, decided, sizes = decisions.program, decisions.decided, decisions.sizes
     grouping = (Grouping.find(ep, decided, sizes) if policy.group
                 else Grouping({}, {}, frozenset(sizes)))
-    graph, specs, node_keys, consts = rewrite_graph(ep, decided, sizes, grouping,
-                                                    named_kernels(target), portable)
+    graph, specs, node_keys, consts = rewrite_graph(ep, decided, sizes, grouping)
     whole = single_call(graph)
-    params = Parameters() if target.parameters and not portable else None
-    module = expand(outline_kernel_calls(import_graph(graph, parameters=params), specs))
     on_cpu = set()
     if target.name == "cuda":
         on_cpu = {s.key for s in specs if lacks_cuda_kernel(s)}
@@ -138,10 +109,9 @@ def partition(imported: ImportedProgram, target: Target,
         for p in decisions.placements)
     producers = {n.name: tuple(a.name for a in n.all_input_nodes if a.op == "call_function")
                  for n in op_nodes(ep)}
-    return PartitionedProgram(imported, target, policy, placements, tuple(specs), module,
-                              producers, consts.tensors,
-                              None if whole is None else specs[whole].key, graph,
-                              params.tensors if params is not None else {})
+    return PartitionedProgram(imported, target, policy, placements, tuple(specs), producers,
+                              consts.tensors, None if whole is None else specs[whole].key,
+                              graph)
 
 
 def single_call(graph: torch.fx.Graph) -> int | None:

@@ -30,6 +30,7 @@ from ..partition.decisions import heavy_nodes
 from ..partition.flops import node_flops
 from ..toolchain.iree_compile import compile_error, discard_dump, first_error, try_compile
 from ..partition.partitioner import PartitionedProgram, partition
+from ..backend.lower import LoweredProgram, lower
 from ..partition.placement import PlacementPolicy
 from ..passes.prepare import prepare
 from .recover import blame, grow
@@ -46,11 +47,10 @@ log = logging.getLogger(__name__)
 _MAX_RECOVERY_ROUNDS = 4
 # at most this many kernel calls chosen by per-op measurement: also try all compiled
 COVERAGE_MAX_CALLS = 8
-# a static program worth tiling with this many GFLOP in heavy ops or more (about 2.5 ms
-# at this machine's 200 GFLOP/s): only its data-tiled variant is compiled (``_tiled_alone``).
-# LeViT-128 (0.8 GFLOP) had its per-op program and tiled variant within noise of each
-# other (benchmarks/results/cpu-epyc-2core/compile-time-session14-levit), the two compiles
-# side by side over 7 s of its compile; the 4-layer BERT encoder (0.12) has both compiled
+# a static program worth tiling with this many GFLOP in heavy ops or more: only its
+# data-tiled variant is compiled (``_tiled_alone``); a smaller one has the per-op program
+# compiled beside it and raced, where the two come within noise of each other more often
+# (the bound's measurements: benchmarks/results/cpu-epyc-2core/compile-time-session14-levit)
 TILED_ALONE_GFLOP = 0.5
 # ...and with this many or more (ATen's calls a tenth of a second or longer), its heavy
 # ops are timed in ATen first: the ATen regions' floors may then leave them untimed
@@ -162,7 +162,7 @@ def stablehlo_module(imported: ImportedProgram, target: Target,
     errors, run in ATen (under ``fallback="auto"``).
 
     A portable export: every op torch-mlir lowers is lowered (``placement="coverage"``:
-    nothing here is measured against IREE), as written (``partition(portable=True)``:
+    nothing here is measured against IREE), as written (``lower(portable=True)``:
     a convolution is a ``stablehlo.convolution``, not the forms IREE runs well).
 
     Raises:
@@ -175,7 +175,7 @@ def stablehlo_module(imported: ImportedProgram, target: Target,
     imported, _ = prepare(imported, policy)
     demoted: dict[str, str] = {}
     for _ in range(_MAX_RECOVERY_ROUNDS + 1):
-        p = partition(imported, target, policy, demoted=demoted, portable=True)
+        p = lower(partition(imported, target, policy, demoted=demoted), portable=True)
         text, diag = to_stablehlo(p.mlir, {k.key: k for k in p.kernel_calls}, p.host_constants)
         if text is not None:
             return text
@@ -220,7 +220,8 @@ def _compile_rounds(imported: ImportedProgram, target: Target, policy: Placement
             if art is not None:
                 return art.with_manifest(compile_seconds=round(time.perf_counter() - t0, 3),
                                          folded_ops=folded)
-        p = _without_calls_that_do_not_pay(p, imported, target, policy, demoted, assumed)
+        p = lower(_without_calls_that_do_not_pay(p, imported, target, policy, demoted,
+                                                 assumed))
         # the compiles run beside each other and beside this thread, which meanwhile
         # partitions the variant and builds the ATen-region candidates: each iree-compile
         # keeps about one core busy, and they are independent
@@ -381,7 +382,7 @@ def _tiled_alone(imported: ImportedProgram, target: Target, policy: PlacementPol
 def _variant_program(imported: ImportedProgram, target: Target, policy: PlacementPolicy,
                      demoted: dict, per_op: PartitionedProgram, assumed=None,
                      alone: float | None = None, failed: frozenset | None = None):
-    """``(name, partitioned program, imported name)`` of the program partitioned as
+    """``(name, lowered program, imported name)`` of the program partitioned as
     ``placement="coverage"`` (everything IREE covers compiled), to measure against the
     per-op placement ``per_op``, or None:
 
@@ -407,8 +408,8 @@ def _variant_program(imported: ImportedProgram, target: Target, policy: Placemen
             return None
         name, vtarget = "iree-coverage", target
     try:
-        p = partition(imported, vtarget, dataclasses.replace(policy, placement="coverage"),
-                      demoted=demoted, assume=assumed)
+        p = lower(partition(imported, vtarget, dataclasses.replace(policy, placement="coverage"),
+                            demoted=demoted, assume=assumed))
     except Exception as e:  # a variant that cannot be built is not a candidate
         log.info("no %s variant of %s: %s", name, imported.name, e)
         return None
@@ -473,7 +474,7 @@ def _without_calls_that_do_not_pay(p: PartitionedProgram, imported: ImportedProg
     return dataclasses.replace(q, policy=policy, placements=placements)
 
 
-def _compile_variant(name: str, p: PartitionedProgram, what: str) -> dict[str, CompiledArtifact]:
+def _compile_variant(name: str, p: LoweredProgram, what: str) -> dict[str, CompiledArtifact]:
     """``{name: artifact}`` of a variant's program, or ``{}`` where IREE fails on it
     (compiled from bytecode: nothing is blamed on its failure)."""
     t0 = time.perf_counter()

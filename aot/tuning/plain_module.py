@@ -25,6 +25,7 @@ import re
 from ..errors import CompileFailed, UnsupportedOp
 from ..manifest import Manifest
 from .compile import compile_model
+from ..backend.lower import lower
 from ..toolchain.iree_compile import first_error, try_compile
 from ..partition.partitioner import partition
 from ..partition.placement import PlacementPolicy
@@ -67,7 +68,7 @@ def _with_parameters(imported, target, policy, path: str, min_bytes: int) -> byt
     if not os.path.isdir(os.path.dirname(path)):
         raise CompileFailed(f"parameters: folder {os.path.dirname(path)!r} does not exist",
                             stage="options")
-    p = partition(prepare(imported, policy)[0], target, policy)
+    p = lower(partition(prepare(imported, policy)[0], target, policy))
     flags = (f"--iree-parameter-export={PARAMETER_SCOPE}={path}",
              f"--iree-parameter-export-minimum-size={int(min_bytes)}")
     vmfb, diag = try_compile(externalize_weights(p.mlir),

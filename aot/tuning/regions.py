@@ -129,6 +129,7 @@ import torch.utils._pytree as pytree
 from ..artifact import CompiledArtifact
 from ..fallback import prepack
 from ..backend.build import compile_program
+from ..backend.lower import lower
 from ..forms.compiled_forms import FORMS
 from ..fallback.quantized_ops import NAMESPACE as QUANTIZED_NAMESPACE
 from ..fallback.executor import ExecOptions
@@ -583,7 +584,7 @@ def aten_candidates(imported: ImportedProgram, target: Target) -> dict:
     """The whole-ATen-region candidates for this program and target (none on failure)."""
     cands = {}
     try:
-        p = partition(imported, target, PlacementPolicy("all"))
+        p = lower(partition(imported, target, PlacementPolicy("all")))
         aten = compile_program(p)
         cands["aten"] = aten
         ops = [m["op"] for k in aten.manifest.kernel_calls for m in (k.get("members") or [k])]

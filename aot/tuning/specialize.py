@@ -11,7 +11,7 @@ example's sizes). The runtime calls ``main_at_example`` when every symbol is bou
 to its example size, ``main`` otherwise.
 
 One ``.vmfb``; nothing is compiled at call time, and a weight is one constant,
-read by both functions (``import_graphs``), so the module grows only by the second
+read by both functions (``lower_together``), so the module grows only by the second
 function's code. (Not a ``torch.prim.If`` on the sizes inside one ``main``: with
 data tiling, IREE's tiled code in such a static branch runs as slowly as the
 dynamic code.) The static function is
@@ -35,8 +35,8 @@ import logging
 import time
 
 from ..artifact import CompiledArtifact, pack_constants
-from ..importer.fx_import import Parameters, import_graphs
-from ..toolchain.linalg_kernels import expand
+from ..backend.lower import lower_together
+from ..importer.fx_import import Parameters
 from ..importer.program import ImportedProgram
 from ..toolchain.iree_compile import try_compile
 from ..partition.partitioner import partition
@@ -44,7 +44,7 @@ from ..partition.placement import PlacementPolicy
 from ..passes.prepare import prepare
 from ..toolchain.targets import Target
 
-__all__ = ["worth_specializing", "specialize", "combine", "AT_EXAMPLE"]
+__all__ = ["worth_specializing", "specialize", "AT_EXAMPLE"]
 log = logging.getLogger(__name__)
 
 AT_EXAMPLE = "main_at_example"  # the static entry function
@@ -73,7 +73,8 @@ def specialize(art: CompiledArtifact, imported: ImportedProgram, target: Target,
             log.info("not specialised at the example: a form needs kernel calls")
             return art
         params = Parameters(by_contents=True) if target.parameters else None
-        vmfb, diag = try_compile(combine(p_dyn, p_static, params), target)
+        vmfb, diag = try_compile(lower_together({"main": p_dyn, AT_EXAMPLE: p_static}, params),
+                                 target)
     except Exception as e:  # a specialisation is an optimisation: the plain one stands
         log.info("not specialised at the example: %s", e)
         return art
@@ -91,11 +92,3 @@ def specialize(art: CompiledArtifact, imported: ImportedProgram, target: Target,
     manifest = art.manifest.replace(len(constants), specialized=entry,
                                     vmfb_sha256=hashlib.sha256(vmfb).hexdigest(), **fields)
     return CompiledArtifact.built(vmfb, manifest, constants)
-
-
-def combine(dynamic, static, parameters: Parameters | None = None) -> str:
-    """One module with two entry functions: ``main``, the dynamic program, and
-    ``main_at_example``, the static one (``dynamic``/``static``: PartitionedPrograms of
-    the same model, no kernel calls); a weight is one constant, read by both."""
-    return str(expand(import_graphs({"main": dynamic.graph, AT_EXAMPLE: static.graph},
-                                    parameters)))

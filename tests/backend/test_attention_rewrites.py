@@ -50,10 +50,11 @@ def test_causal_attention_keeps_the_op_and_matches_eager():
 def test_the_partitioned_module_holds_matmuls_not_the_attention_op():
     from aot.importer.program import import_model
     from aot.partition.partitioner import partition
+    from aot.backend.lower import lower
     from aot.partition.placement import PlacementPolicy
     from aot.toolchain.targets import get_target
-    p = partition(import_model(Attn().eval(), _qkv(2, 3)), get_target("cpu"),
-                  PlacementPolicy(placement="coverage"))
+    p = lower(partition(import_model(Attn().eval(), _qkv(2, 3)), get_target("cpu"),
+                        PlacementPolicy(placement="coverage")))
     assert "torch.aten.bmm" in p.mlir and "scaled_dot_product_attention" not in p.mlir
 
 

@@ -11,6 +11,7 @@ import torch
 import aot
 from aot.importer import import_model
 from aot.partition.partitioner import partition
+from aot.backend.lower import lower
 from aot.partition.placement import PlacementPolicy
 from aot.toolchain.targets import get_target
 
@@ -45,26 +46,26 @@ def test_kxk_conv_gives_eagers_values(k, stride, pad, bias, hw):
 
 def test_the_compiled_form_is_a_subsample_and_a_matmul():
     m = torch.nn.Sequential(torch.nn.Conv2d(8, 16, 1, stride=2), torch.nn.ReLU()).eval()
-    p = partition(import_model(m, (torch.randn(1, 8, 8, 8),)), get_target("cpu"),
-                  PlacementPolicy("auto", (), "coverage"))
+    p = lower(partition(import_model(m, (torch.randn(1, 8, 8, 8),)), get_target("cpu"),
+                        PlacementPolicy("auto", (), "coverage")))
     assert p.mlir.count("torch.aten.slice.Tensor") == 2
     assert "torch.aten.conv2d" not in p.mlir and "torch.aten.matmul" in p.mlir
 
 
 def test_a_strided_1x1_conv_in_aten_keeps_its_form():
     m = torch.nn.Conv2d(8, 16, 1, stride=2).eval()
-    p = partition(import_model(m, (torch.randn(1, 8, 8, 8),)), get_target("cpu"),
-                  PlacementPolicy("auto", ("aten.conv2d",), "coverage"))
+    p = lower(partition(import_model(m, (torch.randn(1, 8, 8, 8),)), get_target("cpu"),
+                        PlacementPolicy("auto", ("aten.conv2d",), "coverage")))
     assert "torch.aten.slice.Tensor" not in p.mlir
 
 
 @pytest.mark.parametrize("hw", [(9, 9), (20, 20)])
 def test_an_unstrided_kxk_conv_is_im2col_by_slices_and_a_matmul_without_named_kernels(
         monkeypatch, hw):
-    monkeypatch.setattr("aot.partition.partitioner.named_kernels", lambda target: False)
+    monkeypatch.setattr("aot.backend.lower.named_kernels", lambda target: False)
     conv = torch.nn.Conv2d(4, 4, 3, padding=1)
-    p = partition(import_model(conv.eval(), (torch.randn(1, 4, *hw),)), get_target("cpu"),
-                  PlacementPolicy("auto", (), "coverage"))
+    p = lower(partition(import_model(conv.eval(), (torch.randn(1, 4, *hw),)), get_target("cpu"),
+                        PlacementPolicy("auto", (), "coverage")))
     assert "torch.aten.conv2d" not in p.mlir and "torch.aten.matmul" in p.mlir
     assert p.mlir.count("torch.aten.slice.Tensor") == 18  # 9 windows of the padded input: rows, cols
     assert "aot_cc.im2col" not in p.mlir
@@ -79,8 +80,8 @@ def test_an_unstrided_kxk_conv_on_the_cpu_gathers_its_columns_where_rows_are_who
     torch.manual_seed(0)
     conv = torch.nn.Conv2d(4, 5, 3, padding=1).eval()
     x = torch.randn(1, 4, *hw)
-    p = partition(import_model(conv, (x,)), get_target("cpu"),
-                  PlacementPolicy("auto", (), "coverage"))
+    p = lower(partition(import_model(conv, (x,)), get_target("cpu"),
+                        PlacementPolicy("auto", (), "coverage")))
     assert "torch.aten.conv2d" not in p.mlir and "torch.aten.matmul" in p.mlir
     assert (p.mlir.count("call @aot_cc.im2col_") == 1) == gathered
     assert p.mlir.count("torch.aten.slice.Tensor") == (0 if gathered else 18)
@@ -95,7 +96,8 @@ def test_im2col_is_one_function_per_signature_and_strided_kernels_keep_their_unf
                             torch.nn.Conv2d(3, 3, 3, padding=1),
                             torch.nn.Conv2d(3, 4, 3, stride=2, padding=1)).eval()
     x = torch.randn(2, 3, 16, 16)
-    p = partition(import_model(m, (x,)), get_target("cpu"), PlacementPolicy("auto", (), "coverage"))
+    p = lower(partition(import_model(m, (x,)), get_target("cpu"), PlacementPolicy("auto", (),
+                        "coverage")))
     assert p.mlir.count("func.func private @aot_cc.im2col_") == 1
     assert p.mlir.count("call @aot_cc.im2col_") == 2
     assert p.mlir.count("torch.aten.unfold") == 2
@@ -118,8 +120,8 @@ def test_a_strided_kxk_conv_is_two_unfolds_a_transpose_and_a_matmul():
     """Strided windows as ``unfold`` views and one transposing copy (one IREE dispatch),
     not one strided slice per tap (49 for a 7x7 stem)."""
     conv = torch.nn.Conv2d(3, 8, 7, stride=2, padding=3)
-    p = partition(import_model(conv.eval(), (torch.randn(1, 3, 20, 19),)), get_target("cpu"),
-                  PlacementPolicy("auto", (), "coverage"))
+    p = lower(partition(import_model(conv.eval(), (torch.randn(1, 3, 20, 19),)), get_target("cpu"),
+                        PlacementPolicy("auto", (), "coverage")))
     assert p.mlir.count("torch.aten.unfold") == 2 and "torch.aten.stack" not in p.mlir
     assert "torch.aten.slice.Tensor" not in p.mlir and "torch.aten.matmul" in p.mlir
 
@@ -133,7 +135,7 @@ def test_a_patch_embedding_is_a_view_a_transpose_and_a_matmul(k, hw, batch):
     m = torch.nn.Conv2d(3, 8, k, stride=k).eval()
     x = torch.randn(batch, 3, *hw)
     imported = import_model(m, (x,))
-    p = partition(imported, get_target("cpu"), PlacementPolicy("auto", (), "coverage"))
+    p = lower(partition(imported, get_target("cpu"), PlacementPolicy("auto", (), "coverage")))
     assert "torch.aten.stack" not in p.mlir and "torch.aten.permute" in p.mlir
     assert p.mlir.count("torch.aten.slice.Tensor") <= 2
     cm = aot.compile(m, (x,), placement="coverage")
@@ -145,8 +147,9 @@ def test_a_patch_embedding_is_a_view_a_transpose_and_a_matmul(k, hw, batch):
 def test_grouped_and_dilated_kxk_convs_keep_their_form():
     for conv in (torch.nn.Conv2d(4, 4, 3, padding=1, groups=2),
                  torch.nn.Conv2d(4, 4, 3, 2, dilation=2)):
-        p = partition(import_model(conv.eval(), (torch.randn(1, 4, 9, 9),)), get_target("cpu"),
-                      PlacementPolicy("auto", (), "coverage"))
+        p = lower(partition(import_model(conv.eval(), (torch.randn(1, 4, 9, 9),)),
+                            get_target("cpu"),
+                            PlacementPolicy("auto", (), "coverage")))
         assert "torch.aten.conv2d" in p.mlir and "torch.aten.matmul" not in p.mlir
 
 
@@ -154,7 +157,7 @@ def test_grouped_and_dilated_kxk_convs_keep_their_form():
 def shifts(monkeypatch):
     """Depthwise convolutions as the targets without named kernels compile them
     (``linalg_kernels.named_kernels`` false: CUDA, StableHLO): shifted multiply-adds."""
-    monkeypatch.setattr("aot.partition.partitioner.named_kernels", lambda target: False)
+    monkeypatch.setattr("aot.backend.lower.named_kernels", lambda target: False)
     monkeypatch.setattr("aot.toolchain.linalg_kernels.named_kernels", lambda target: False)
 
 
@@ -169,7 +172,8 @@ def test_depthwise_conv_as_named_channels_last_conv_gives_eagers_values(k, strid
     torch.manual_seed(0)
     m = torch.nn.Conv2d(6, 6, k, stride=stride, padding=pad, groups=6, bias=bias).eval()
     x = torch.randn(2, 6, *hw)
-    p = partition(import_model(m, (x,)), get_target("cpu"), PlacementPolicy("auto", (), "coverage"))
+    p = lower(partition(import_model(m, (x,)), get_target("cpu"), PlacementPolicy("auto", (),
+                        "coverage")))
     assert "torch.aten.conv2d" not in p.mlir and "aot_cc" in p.mlir
     assert p.mlir.count("linalg.depthwise_conv_2d_nhwc_hwc") == 1
     assert p.mlir.count("util.optimization_barrier") == 3
@@ -183,8 +187,8 @@ def test_unstrided_3x3_and_half_precision_depthwise_convs_stay_shifted():
     for conv, x in ((torch.nn.Conv2d(6, 6, 3, padding=1, groups=6), torch.randn(1, 6, 9, 9)),
                     (torch.nn.Conv2d(6, 6, 5, 2, 2, groups=6).half(),
                      torch.randn(1, 6, 9, 9).half())):
-        p = partition(import_model(conv.eval(), (x,)), get_target("cpu"),
-                      PlacementPolicy("auto", (), "coverage"))
+        p = lower(partition(import_model(conv.eval(), (x,)), get_target("cpu"),
+                            PlacementPolicy("auto", (), "coverage")))
         assert "aot_cc" not in p.mlir and "torch.aten.mul.Tensor" in p.mlir
 
 
@@ -204,7 +208,8 @@ def test_two_depthwise_convs_of_one_signature_share_one_kernel_function():
                             torch.nn.Conv2d(6, 6, 5, padding=2, groups=6),
                             torch.nn.Conv2d(6, 6, 3, 2, 1, groups=6)).eval()
     x = torch.randn(1, 6, 12, 12)
-    p = partition(import_model(m, (x,)), get_target("cpu"), PlacementPolicy("auto", (), "coverage"))
+    p = lower(partition(import_model(m, (x,)), get_target("cpu"), PlacementPolicy("auto", (),
+                        "coverage")))
     assert p.mlir.count("linalg.depthwise_conv_2d_nhwc_hwc") == 2
     assert p.mlir.count("call @aot_cc.depthwise_nhwc_") == 3
     cm = aot.compile(m, (x,), placement="coverage")
@@ -223,7 +228,8 @@ def test_depthwise_conv_as_shifted_multiply_adds_gives_eagers_values(k, stride, 
     torch.manual_seed(0)
     m = torch.nn.Conv2d(6, 6, k, stride=stride, padding=pad, groups=6, bias=bias).eval()
     x = torch.randn(2, 6, *hw)
-    p = partition(import_model(m, (x,)), get_target("cpu"), PlacementPolicy("auto", (), "coverage"))
+    p = lower(partition(import_model(m, (x,)), get_target("cpu"), PlacementPolicy("auto", (),
+                        "coverage")))
     assert "torch.aten.conv2d" not in p.mlir and "torch.aten.mul.Tensor" in p.mlir
     cm = aot.compile(m, (x,), placement="coverage")
     assert {pl["where"] for pl in cm.manifest["placements"]} == {"compiled"}
@@ -244,7 +250,8 @@ def test_strided_depthwise_conv_after_an_activation_gives_eagers_values(act, k, 
     m = torch.nn.Sequential(torch.nn.Conv2d(3, 6, 1), act(),
                             torch.nn.Conv2d(6, 6, k, stride, pad, groups=6)).eval()
     x = torch.randn(2, 3, *hw)
-    p = partition(import_model(m, (x,)), get_target("cpu"), PlacementPolicy("auto", (), "coverage"))
+    p = lower(partition(import_model(m, (x,)), get_target("cpu"), PlacementPolicy("auto", (),
+                        "coverage")))
     assert "torch.aten.conv2d" not in p.mlir and "torch.aten.permute" in p.mlir
     cm = aot.compile(m, (x,), placement="coverage")
     with torch.no_grad():
@@ -254,8 +261,8 @@ def test_strided_depthwise_conv_after_an_activation_gives_eagers_values(act, k, 
 def test_strided_depthwise_taps_read_unit_stride_windows_of_the_phases(shifts):
     # a strided tap reads one stride phase of the padded input, not a strided slice
     conv = torch.nn.Conv2d(6, 6, 5, 2, 2, groups=6).eval()
-    p = partition(import_model(conv, (torch.randn(1, 6, 9, 9),)), get_target("cpu"),
-                  PlacementPolicy("auto", (), "coverage"))
+    p = lower(partition(import_model(conv, (torch.randn(1, 6, 9, 9),)), get_target("cpu"),
+                        PlacementPolicy("auto", (), "coverage")))
     assert "torch.aten.conv2d" not in p.mlir and "torch.aten.permute" in p.mlir
     steps = re.findall(r"torch.aten.slice.Tensor %\S+, %\S+, %\S+, %\S+, %(\S+) :", p.mlir)
     assert steps and {p.mlir.split(f"%{s} = torch.constant.int ")[1].split()[0]
@@ -267,8 +274,8 @@ def test_depthwise_convs_with_a_channel_multiplier_or_large_kernel_keep_their_fo
     for conv, shape in ((torch.nn.Conv2d(4, 8, 3, padding=1, groups=4), (1, 4, 9, 9)),
                         (torch.nn.Conv2d(64, 64, 7, padding=3, groups=64), (1, 64, 120, 120)),
                         (torch.nn.Conv2d(4, 4, 9, padding=4, groups=4), (1, 4, 9, 9))):
-        p = partition(import_model(conv.eval(), (torch.randn(*shape),)), get_target("cpu"),
-                      PlacementPolicy("auto", (), "coverage"))
+        p = lower(partition(import_model(conv.eval(), (torch.randn(*shape),)), get_target("cpu"),
+                            PlacementPolicy("auto", (), "coverage")))
         assert "torch.aten.conv2d" in p.mlir
 
 

@@ -8,6 +8,7 @@ import torch
 import aot
 from aot.importer import import_model
 from aot.partition.partitioner import partition
+from aot.backend.lower import lower
 from aot.partition.placement import PlacementPolicy
 from aot.toolchain.targets import get_target
 
@@ -17,7 +18,8 @@ def test_linear_runs_as_one_2d_matmul_with_eagers_values(shape, bias):
     torch.manual_seed(0)
     m = torch.nn.Sequential(torch.nn.Linear(16, 24, bias=bias), torch.nn.GELU()).eval()
     x = torch.randn(*shape)
-    p = partition(import_model(m, (x,)), get_target("cpu"), PlacementPolicy("auto", (), "coverage"))
+    p = lower(partition(import_model(m, (x,)), get_target("cpu"),
+                        PlacementPolicy("auto", (), "coverage")))
     linears = [ln for ln in p.mlir.splitlines() if "torch.aten.linear" in ln]
     assert len(linears) == 1 and f"!torch.vtensor<[{x.numel() // 16},16],f32>" in linears[0]
     assert ("torch.aten.reshape" in p.mlir) == (len(shape) > 2)
@@ -29,6 +31,6 @@ def test_linear_runs_as_one_2d_matmul_with_eagers_values(shape, bias):
 
 def test_a_linear_forced_to_aten_keeps_its_form():
     m = torch.nn.Linear(16, 24).eval()
-    p = partition(import_model(m, (torch.randn(2, 3, 16),)), get_target("cpu"),
-                  PlacementPolicy("auto", ("aten.linear",), "coverage"))
+    p = lower(partition(import_model(m, (torch.randn(2, 3, 16),)), get_target("cpu"),
+                        PlacementPolicy("auto", ("aten.linear",), "coverage")))
     assert "torch.aten.reshape" not in p.mlir

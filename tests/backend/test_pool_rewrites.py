@@ -8,6 +8,7 @@ import torch
 import aot
 from aot.importer import import_model
 from aot.partition.partitioner import partition
+from aot.backend.lower import lower
 from aot.partition.placement import PlacementPolicy
 from aot.toolchain.targets import get_target
 
@@ -40,8 +41,8 @@ def test_global_pool_as_mean_gives_eagers_values(size, shape):
 
 
 def _mlir(m, x, forced=()):
-    return partition(import_model(m, (x,)), get_target("cpu"),
-                     PlacementPolicy("auto", forced, "coverage")).mlir
+    return lower(partition(import_model(m, (x,)), get_target("cpu"),
+                           PlacementPolicy("auto", forced, "coverage"))).mlir
 
 
 def test_the_compiled_form_is_a_mean():

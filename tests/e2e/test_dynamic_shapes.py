@@ -356,13 +356,14 @@ def test_linear_on_dynamic_rows_compiles_as_one_2d_matmul():
     """linear on [batch, seq, k] with both dynamic: -1 rows, sizes read back after."""
     from aot.importer import ImportOptions, import_model
     from aot.partition.partitioner import partition
+    from aot.backend.lower import lower
     from aot.partition.placement import PlacementPolicy
     from aot.toolchain.targets import get_target
     m = torch.nn.Linear(64, 96).eval()
     b, s = Dim("b", min=1, max=8), Dim("s", min=2, max=300)
     dyn = ({0: b, 1: s},)
     imported = import_model(m, (torch.randn(2, 5, 64),), options=ImportOptions(dynamic_shapes=dyn))
-    mlir = partition(imported, get_target("cpu"), PlacementPolicy(placement="coverage")).mlir
+    mlir = lower(partition(imported, get_target("cpu"), PlacementPolicy(placement="coverage"))).mlir
     assert "torch.aten.linear" in mlir and "!torch.vtensor<[?,64],f32>" in mlir
     cm = aot.compile(m, (torch.randn(2, 5, 64),), dynamic_shapes=dyn, placement="coverage")
     for n, length in [(1, 2), (3, 77), (8, 300)]:

@@ -7,6 +7,7 @@ import aot
 from aot.cli import main as cli_main
 from aot.importer import ImportOptions, import_model
 from aot.partition.partitioner import partition, torch_mlir
+from aot.backend.lower import lower
 from aot.partition.placement import PlacementPolicy
 from aot.toolchain.targets import get_target
 
@@ -43,7 +44,7 @@ def test_torch_dialect_and_locations():
     # Eval batch norm arrives as an op IREE does not know; the partitioner
     # measures that and decomposes it into arithmetic IREE lowers.
     assert "_native_batch_norm_legit_no_training" in text
-    part = partition(imported, get_target("cpu"), PlacementPolicy())
+    part = lower(partition(imported, get_target("cpu"), PlacementPolicy()))
     assert "_native_batch_norm_legit_no_training" not in part.mlir
     assert all(p.where == "compiled" for p in part.placements)
     assert any(p.location and "test_import.py" in p.location for p in part.placements)

@@ -1,0 +1,85 @@
+"""lower: PartitionedProgram -> LoweredProgram, the Torch-dialect module IREE compiles.
+
+The IREE backend's first step. The partitioned graph's compiled ops are written in the
+forms IREE 3.13 runs well (``aot.forms.compiled_forms.apply``: convolutions as matmuls,
+attention as two matmuls, ...); the graph is imported into the Torch dialect
+(``aot.importer.fx_import``), its kernel calls outlined into calls of host functions
+(``aot.partition.outline``), and the ``linalg_kernels`` ops the forms called expanded.
+
+A portable export (``--emit torch``, ``--emit stablehlo``) is for consumers other than
+IREE: ``portable=True`` keeps the ops as written (a convolution stays a convolution)
+but for the exact forms, which are right for every consumer, and the weights stay in
+the module (no IREE parameters).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import io
+
+import torch
+
+from ..forms import compiled_forms
+from ..importer.fx_import import Parameters, import_graph, import_graphs
+from ..partition.outline import outline_kernel_calls
+from ..partition.partitioner import PartitionedProgram
+from ..toolchain.linalg_kernels import expand, named_kernels
+
+__all__ = ["LoweredProgram", "lower", "lower_together"]
+
+
+@dataclasses.dataclass(frozen=True)
+class LoweredProgram(PartitionedProgram):
+    """A PartitionedProgram with the module it lowers to, read by
+    ``aot.backend.build.compile_program``.
+
+    ``module`` is the outlined Torch-dialect module (kernel calls are ``func.call``s of
+    ``aot_kernels.*`` imports), ``mlir`` its text (printed when first read: the weights
+    are hex in it, so a large model's text takes seconds to print and as long for
+    iree-compile to parse), ``bytecode()`` its MLIR bytecode (the weights as bytes).
+    ``graph`` is the graph the module was imported from (compiled ops in their forms);
+    ``parameters`` the weights the module reads as IREE parameters, by key
+    (``target.parameters``).
+    """
+
+    module: object = dataclasses.field(default=None, compare=False, repr=False)
+    parameters: dict[str, torch.Tensor] = dataclasses.field(default_factory=dict,
+                                                            compare=False, repr=False)
+
+    @functools.cached_property
+    def mlir(self) -> str:
+        return str(self.module)
+
+    def bytecode(self) -> bytes:
+        """The module as MLIR bytecode, which iree-compile reads as it reads the text;
+        its diagnostics then point at the ops' own locations, not at lines of ``mlir``
+        (``recover.blame`` needs the text)."""
+        out = io.BytesIO()
+        self.module.operation.write_bytecode(out)
+        return out.getvalue()
+
+
+def lowered_graph(p: PartitionedProgram, portable: bool = False) -> torch.fx.Graph:
+    """``p``'s graph with its compiled ops in their forms for ``p.target``."""
+    return compiled_forms.apply(p.graph, named_kernels(p.target), portable)
+
+
+def lower(p: PartitionedProgram, portable: bool = False) -> LoweredProgram:
+    """``p`` lowered to the Torch-dialect module for its target (module docstring)."""
+    graph = lowered_graph(p, portable)
+    params = Parameters() if p.target.parameters and not portable else None
+    module = expand(outline_kernel_calls(import_graph(graph, parameters=params),
+                                         list(p.kernel_calls)))
+    fields = {f.name: getattr(p, f.name) for f in dataclasses.fields(PartitionedProgram)}
+    return LoweredProgram(**{**fields, "graph": graph}, module=module,
+                          parameters=params.tensors if params is not None else {})
+
+
+def lower_together(programs: dict[str, PartitionedProgram],
+                   parameters: Parameters | None = None) -> str:
+    """One module with an entry function per program (``{function name: program}``,
+    programs without kernel calls); a weight is one constant, read by every function
+    (``import_graphs``)."""
+    return str(expand(import_graphs({name: lowered_graph(p) for name, p in programs.items()},
+                                    parameters)))
