@@ -68,12 +68,37 @@ def lowered_graph(p: PartitionedProgram, portable: bool = False) -> torch.fx.Gra
 def lower(p: PartitionedProgram, portable: bool = False) -> LoweredProgram:
     """``p`` lowered to the Torch-dialect module for its target (module docstring)."""
     graph = lowered_graph(p, portable)
+    subgraphs = _loops(graph, {name: torch.fx.GraphModule(sub, compiled_forms.apply(
+        sub.graph, named_kernels(p.target), portable)) for name, sub in p.subgraphs.items()})
     params = Parameters() if p.target.parameters and not portable else None
-    module = expand(outline_kernel_calls(import_graph(graph, parameters=params),
+    module = expand(outline_kernel_calls(import_graph(graph, parameters=params,
+                                                      subgraphs=subgraphs),
                                          list(p.kernel_calls)))
     fields = {f.name: getattr(p, f.name) for f in dataclasses.fields(PartitionedProgram)}
     return LoweredProgram(**{**fields, "graph": graph}, module=module,
                           parameters=params.tensors if params is not None else {})
+
+
+def _loops(graph: torch.fx.Graph, subgraphs: dict[str, torch.fx.GraphModule]
+           ) -> dict[str, torch.fx.GraphModule]:
+    """``subgraphs`` with every ``while_loop`` of ``graph`` carrying its additional inputs
+    (the weights and tensors its condition and body read besides the carried values) as
+    carried values its body returns unchanged: IREE 3.13's importer makes a loop of the
+    carried values only. ``graph``'s loop nodes are rewritten to match, in place."""
+    for n in graph.nodes:
+        if n.op != "call_function" or n.target is not torch.ops.higher_order.while_loop:
+            continue
+        cond, body, carried, extra = n.args
+        if not extra:
+            continue
+        body_graph = subgraphs[body.target].graph
+        ins = [a for a in body_graph.nodes if a.op == "placeholder"][len(carried):]
+        out = next(a for a in body_graph.nodes if a.op == "output")
+        out.args = (tuple(out.args[0]) + tuple(ins),)
+        subgraphs[body.target].recompile()
+        n.args = (cond, body, tuple(carried) + tuple(extra), ())
+        n.meta = {**n.meta, "val": tuple(n.meta["val"]) + tuple(a.meta["val"] for a in ins)}
+    return subgraphs
 
 
 def lower_together(programs: dict[str, PartitionedProgram],

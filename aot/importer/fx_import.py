@@ -164,10 +164,19 @@ def _importer(module=None, parameters: Parameters | None = None, **kwargs) -> Fx
 
 def import_graph(graph: torch.fx.Graph, *, func_name: str = "main",
                  module: "ir.Module | None" = None,
-                 parameters: Parameters | None = None) -> "ir.Module":
+                 parameters: Parameters | None = None,
+                 subgraphs: dict[str, torch.fx.GraphModule] | None = None) -> "ir.Module":
     """Import one stateless FX graph as ``func_name`` into ``module`` (or a new one);
-    with ``parameters``, its weights become IREE parameters collected there."""
+    with ``parameters``, its weights become IREE parameters collected there;
+    ``subgraphs``: the graphs its ``get_attr`` nodes name (a ``while_loop``'s condition
+    and body, which the importer makes private functions of the module first)."""
     importer = _importer(module, parameters)
+    if subgraphs:
+        holder = torch.nn.Module()
+        for name, sub in subgraphs.items():
+            holder.add_module(name, sub)
+        graph.owning_module = holder  # where the importer looks the get_attr targets up
+        importer._import_all_child_modules(holder, func_name)
     importer.import_stateless_graph(graph, func_name=func_name)
     return importer.module
 

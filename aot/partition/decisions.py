@@ -6,6 +6,12 @@ when a decomposition exists (unless ATen's kernel measures faster, ``cost``),
 measures the heavy covered ops under ``placement="auto"``, and places every op
 (``placement``). Grouping and the rewrite into kernel calls only read the
 :class:`Decisions` it returns.
+
+A ``torch.while_loop`` is compiled whole (IREE's importer makes it a loop in the
+compiled module): its condition's and body's ops are probed and placed like any
+others, each with its own row, and the loop compiles when IREE lowers every one of
+them. A loop with an op it does not lower, a forced one, or control flow nested in it
+runs in the host program with the whole program (``RUNS_IN_HOST``).
 """
 
 from __future__ import annotations
@@ -36,7 +42,7 @@ from ..toolchain.targets import Target
 from .cost import CROSSING_MS, CostCache, measure_decomposed, measure_nodes, start_prefetch
 from ..fallback.quantized_ops import NAMESPACE
 
-__all__ = ["Decisions", "decide", "is_assert", "op_nodes"]
+__all__ = ["Decisions", "decide", "is_assert", "op_nodes", "loop_ops", "RUNS_IN_HOST"]
 log = logging.getLogger(__name__)
 _MAX_DECOMPOSITION_ROUNDS = 4
 
@@ -101,8 +107,31 @@ def is_assert(n: torch.fx.Node) -> bool:
 
 
 def op_nodes(ep) -> list[torch.fx.Node]:
-    return [n for n in ep.graph.nodes if n.op == "call_function"
+    return _ops(ep.graph)
+
+
+def _ops(graph: torch.fx.Graph) -> list[torch.fx.Node]:
+    return [n for n in graph.nodes if n.op == "call_function"
             and n.target is not operator.getitem and not is_assert(n)]
+
+
+WHILE_LOOP = torch.ops.higher_order.while_loop
+# the UnsupportedOp ``op`` of a loop that cannot be compiled whole: ``compile_model``
+# runs the program in the host program, for the reason the error gives
+RUNS_IN_HOST = "hop:while_loop"
+
+
+def loop_ops(ep, loop: torch.fx.Node) -> list[torch.fx.Node]:
+    """The ops of ``loop``'s condition and body graphs (a ``while_loop`` node of ``ep``)."""
+    return [n for g in loop.args[:2] for n in _ops(getattr(ep.graph_module, g.target).graph)]
+
+
+def _probed(ep) -> list[torch.fx.Node]:
+    """The ops whose coverage decides placement: every op, a loop's as its own ops."""
+    out = []
+    for n in op_nodes(ep):
+        out.extend(loop_ops(ep, n) if n.target is WHILE_LOOP else [n])
+    return out
 
 
 def _decompose_uncovered(ep, target, policy, cache, kept: dict, prefetch=None, assume=None):
@@ -115,7 +144,8 @@ def _decompose_uncovered(ep, target, policy, cache, kept: dict, prefetch=None, a
     """
     tried: set = set()
     for _ in range(_MAX_DECOMPOSITION_ROUNDS):
-        nodes = [n for n in op_nodes(ep) if not matches_forced(n.target, policy.fallback_ops)]
+        nodes = [n for n in _probed(ep) if isinstance(n.target, torch._ops.OpOverload)
+                 and not matches_forced(n.target, policy.fallback_ops)]
         verdicts = probe_nodes(nodes, target, cache, prefetch, assume)
         table = {}
         user_inputs = _user_inputs(ep)
@@ -154,7 +184,8 @@ def _decompose_uncovered(ep, target, policy, cache, kept: dict, prefetch=None, a
                      "kernel calls", sorted(map(op_name, table)))
             return ep, verdicts
         ep = decomposed
-    return ep, probe_nodes(op_nodes(ep), target, cache, prefetch, assume)
+    return ep, probe_nodes([n for n in _probed(ep) if isinstance(n.target, torch._ops.OpOverload)],
+                           target, cache, prefetch, assume)
 
 
 # program -> {ops decomposed: the decomposed program}. A compile partitions one program
@@ -272,6 +303,13 @@ def _place(ep, policy: PlacementPolicy, verdicts: dict[str, Verdict], demoted: d
     user_inputs = _user_inputs(ep)
     for n in op_nodes(ep):
         name, saving = op_name(n.target), None
+        if n.target is WHILE_LOOP:
+            rows = _place_loop(ep, n, policy, verdicts, demoted, user_inputs, via)
+            decided[n] = (COMPILED, f"a loop whose {len(rows)} ops IREE lowers, compiled whole")
+            placements.append(Placement(n.name, "hop:while_loop", COMPILED, decided[n][1],
+                                        node_location(n), None))
+            placements.extend(rows)
+            continue
         if not isinstance(n.target, torch._ops.OpOverload):
             where, why = COMPILED, "symbolic scalar arithmetic (always compiled)"
         elif policy.fallback == "all":
@@ -295,6 +333,42 @@ def _place(ep, policy: PlacementPolicy, verdicts: dict[str, Verdict], demoted: d
         placements.append(Placement(n.name, name, where, why, node_location(n), node_flops(n),
                                     saving_ms=saving))
     return placements, decided
+
+
+def _place_loop(ep, loop: torch.fx.Node, policy: PlacementPolicy, verdicts: dict,
+                demoted: dict, user_inputs: set, via: str) -> list[Placement]:
+    """The rows of a ``while_loop``'s ops, all compiled.
+
+    Raises:
+        UnsupportedOp: (``op=RUNS_IN_HOST``) an op of the loop IREE does not lower, one
+            forced to ATen, control flow nested in it, or the loop itself moved to ATen
+            by recovery: the loop is compiled only whole."""
+    def host(why: str) -> UnsupportedOp:
+        return UnsupportedOp(f"{loop.name} (torch.while_loop) runs in the host program: {why}; "
+                             "a loop is compiled only with every op in it compiled",
+                             op=RUNS_IN_HOST, location=node_location(loop))
+    if policy.fallback == "all":
+        raise host("fallback='all'")
+    if loop.name in demoted:
+        raise host(f"IREE failed on it ({demoted[loop.name]})")
+    rows = []
+    for b in loop_ops(ep, loop):
+        what = f"its op {b.name} ({op_name(b.target)}, {node_location(b) or 'unknown location'})"
+        if not isinstance(b.target, torch._ops.OpOverload):
+            if isinstance(b.target, torch._ops.HigherOrderOperator):
+                raise host(f"{what} is control flow nested in the loop")
+            why = "symbolic scalar arithmetic (always compiled)"
+        elif matches_forced(b.target, policy.fallback_ops):
+            raise host(f"{what} is forced to ATen by fallback_ops")
+        elif (fault := iree_fault(b, user_inputs, via)) is not None:
+            raise host(f"{what} runs in ATen: {fault}")
+        elif not verdicts[op_signature(b)].covered:
+            raise host(f"{what} is not lowered by IREE ({verdicts[op_signature(b)].reason})")
+        else:
+            why = f"lowered by IREE, in {loop.name}"
+        rows.append(Placement(f"{loop.name}.{b.name}", op_name(b.target), COMPILED, why,
+                              node_location(b), node_flops(b)))
+    return rows
 
 
 _SIZE_REASON = ("a size that follows a dynamic dimension: the kernel calls reading it "

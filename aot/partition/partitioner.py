@@ -36,8 +36,9 @@ class PartitionedProgram:
     """Made by :func:`partition`, read by the backend (``aot.backend.lower``).
 
     ``graph`` is the program with its kernel calls as ``aot_kc`` ops and its compiled
-    ops as written; ``placements`` has one row per op, in graph order;
-    ``kernel_calls[i].key`` names the i-th kernel call.
+    ops as written; ``subgraphs`` the graphs its ``get_attr`` nodes name (a
+    ``while_loop``'s condition and body), by name; ``placements`` has one row per op, in
+    graph order; ``kernel_calls[i].key`` names the i-th kernel call.
     """
 
     imported: ImportedProgram
@@ -53,6 +54,8 @@ class PartitionedProgram:
     # in, its results out in order), or None: see ``single_call``
     whole_program_call: str | None = None
     graph: torch.fx.Graph | None = field(default=None, compare=False, repr=False)
+    subgraphs: dict[str, torch.fx.GraphModule] = field(default_factory=dict, compare=False,
+                                                       repr=False)
 
     def __post_init__(self):
         keys = [k.key for k in self.kernel_calls]
@@ -109,9 +112,12 @@ def partition(imported: ImportedProgram, target: Target,
         for p in decisions.placements)
     producers = {n.name: tuple(a.name for a in n.all_input_nodes if a.op == "call_function")
                  for n in op_nodes(ep)}
+    subgraphs = {n.target: getattr(ep.graph_module, n.target) for n in ep.graph.nodes
+                 if n.op == "get_attr" and isinstance(getattr(ep.graph_module, n.target, None),
+                                                      torch.fx.GraphModule)}
     return PartitionedProgram(imported, target, policy, placements, tuple(specs), producers,
                               consts.tensors, None if whole is None else specs[whole].key,
-                              graph)
+                              graph, subgraphs)
 
 
 def single_call(graph: torch.fx.Graph) -> int | None:

@@ -26,7 +26,7 @@ from ..backend.build import build_artifact, compile_input, host_artifact, iree_v
 from ..partition.cost import (MEASURED_FASTER, CostCache, LocalCosts, compiled_floor,
                               handoff_ms, measure_aten, measure_packed)
 from ..partition.coverage import Assumed, assumes_coverage
-from ..partition.decisions import heavy_nodes
+from ..partition.decisions import RUNS_IN_HOST, heavy_nodes
 from ..partition.flops import node_flops
 from ..toolchain.iree_compile import compile_error, discard_dump, first_error, try_compile
 from ..partition.partitioner import PartitionedProgram, partition
@@ -143,6 +143,9 @@ def _compile_model(imported: ImportedProgram, target: Target, policy: PlacementP
         # every program that exports runs: whatever the importer, IREE or the kernel-call
         # boundary cannot take, the whole program runs as one ATen region
         discard_dump(e)
+        if isinstance(e, UnsupportedOp) and e.op == RUNS_IN_HOST:
+            log.info("%s", first)  # a loop that cannot be compiled whole: as control flow is
+            return host_artifact(imported, target, policy, first[:400], t0)
         if isinstance(e, CompileFailed):
             why = f"IREE could not compile it, however split ({first})"
         elif isinstance(e, AotError):

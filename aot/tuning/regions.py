@@ -128,7 +128,7 @@ import torch.utils._pytree as pytree
 
 from ..artifact import CompiledArtifact
 from ..fallback import prepack
-from ..backend.build import compile_program
+from ..backend.build import compile_program, host_artifact
 from ..backend.lower import lower
 from ..forms.compiled_forms import FORMS
 from ..fallback.quantized_ops import NAMESPACE as QUANTIZED_NAMESPACE
@@ -141,7 +141,7 @@ from ..progress import step
 from ..runtime.module import CompiledModule
 from ..partition.cost import (MIN_FLOPS, CostCache, Floor, LocalCosts, compiled_floor,
                               machine_key, measure_packed)
-from ..partition.decisions import heavy_nodes
+from ..partition.decisions import RUNS_IN_HOST, WHILE_LOOP, heavy_nodes
 from ..partition.flops import node_flops
 from ..errors import UnsupportedOp
 from ..partition.placement import KERNEL_CALL, Placement, PlacementPolicy
@@ -191,11 +191,12 @@ def may_measure(target: Target, policy: PlacementPolicy) -> bool:
 
 def worth_measuring(imported: ImportedProgram, kernel_calls: bool, target: Target,
                     policy: PlacementPolicy) -> bool:
-    """``may_measure``, and the per-op placement has ``kernel_calls`` or the program at
-    least one heavy op (or quantized conv/linear)."""
+    """``may_measure``, and the per-op placement has ``kernel_calls``, the program at
+    least one heavy op (or quantized conv/linear), or a loop (whose body runs as often as
+    the inputs say, each time at the cost of its dispatches)."""
     if not may_measure(target, policy):
         return False
-    if kernel_calls:
+    if kernel_calls or any(n.target is WHILE_LOOP for n in imported.exported.graph.nodes):
         return True
     return any(n.op == "call_function" and ((node_flops(n) or 0) >= MIN_FLOPS or _quantized_mm(n))
                for n in imported.exported.graph.nodes)
@@ -581,10 +582,19 @@ def _pinned(plan: dict | None, cands: dict) -> dict | None:
 
 
 def aten_candidates(imported: ImportedProgram, target: Target) -> dict:
-    """The whole-ATen-region candidates for this program and target (none on failure)."""
+    """The whole-ATen-region candidates for this program and target (none on failure);
+    a program with a loop, which kernel calls cannot hold, has the host program as its
+    ATen region."""
     cands = {}
     try:
-        p = lower(partition(imported, target, PlacementPolicy("all")))
+        try:
+            p = lower(partition(imported, target, PlacementPolicy("all")))
+        except UnsupportedOp as e:
+            if e.op != RUNS_IN_HOST:
+                raise
+            cands["aten"] = host_artifact(imported, target, PlacementPolicy("all"),
+                                          str(e).splitlines()[0][:400], time.perf_counter())
+            return cands
         aten = compile_program(p)
         cands["aten"] = aten
         ops = [m["op"] for k in aten.manifest.kernel_calls for m in (k.get("members") or [k])]

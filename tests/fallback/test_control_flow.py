@@ -1,6 +1,8 @@
-"""torch.cond and torch.while_loop run (issue 35): the host program runs the branch or
-the loop body as sub-programs, op by op in ATen, bit for bit eager's; saved artifacts
-load with them, and a malformed sub-program is refused at load."""
+"""torch.cond and torch.while_loop run (issue 35). A loop whose every op IREE lowers is
+compiled whole, its condition's and body's ops placed like any others; the host program
+runs the branch of a cond, or a loop that cannot be compiled whole, as sub-programs, op by
+op in ATen, bit for bit eager's; saved artifacts load with them, and a malformed
+sub-program is refused at load."""
 
 import json
 
@@ -38,6 +40,69 @@ class Loop(torch.nn.Module):
         return y, i
 
 
+class Recurrent(torch.nn.Module):
+    """A loop whose body reads weights (the loop's additional inputs) and whose count is
+    an input."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(8, 8)
+
+    def forward(self, x, n):
+        def cond_fn(i, h):
+            return i < n
+
+        def body_fn(i, h):
+            return i + 1, torch.tanh(self.lin(h)) + h
+        i, h = torch._higher_order_ops.while_loop(cond_fn, body_fn, (torch.tensor(0), x))
+        return h * 2, i
+
+
+def test_a_loop_of_ops_iree_lowers_is_compiled_whole(tmp_path):
+    torch.manual_seed(0)
+    m, x = Recurrent().eval(), torch.randn(2, 8)
+    cm = aot.compile(m, (x, torch.tensor(3)), placement="coverage")  # compiled, unmeasured
+    assert cm.manifest.host_program is None and not cm.manifest.kernel_calls
+    rows = {p["node"]: p for p in cm.manifest.placements}
+    body = [p for k, p in rows.items() if k.startswith("while_loop.")]
+    assert {p["op"] for p in body} >= {"aten.linear.default", "aten.tanh.default"}
+    assert all(p["where"] == "compiled" for p in rows.values())
+    path = str(tmp_path / "loop.aot")
+    cm.save(path)
+    loaded = aot.load(path)
+    with torch.no_grad():
+        for n in (0, 1, 3, 7):  # no iteration too; another count than the example's
+            want = m(x, torch.tensor(n))
+            for module in (cm, loaded):
+                h, i = module(x, torch.tensor(n))
+                torch.testing.assert_close(h, want[0], rtol=1e-5, atol=1e-5)
+                assert int(i) == n
+
+
+def test_a_compiled_loop_races_the_host_program():
+    """The host program is a loop program's ATen region: the placement never runs the
+    compiled loop where running it op by op in ATen measured faster."""
+    torch.manual_seed(0)
+    m, x, n = Recurrent().eval(), torch.randn(2, 8), torch.tensor(3)
+    cm = aot.compile(m, (x, n))
+    region = cm.manifest.region
+    assert {"iree", "aten"} <= set(region["candidates_ms"]), region
+    with torch.no_grad():
+        for g, w in zip(cm(x, n), m(x, n)):
+            torch.testing.assert_close(g, w, rtol=1e-5, atol=1e-5)
+
+
+def test_a_loop_with_an_op_forced_to_aten_runs_in_the_host_program():
+    torch.manual_seed(0)
+    m, x, n = Recurrent().eval(), torch.randn(2, 8), torch.tensor(3)
+    cm = aot.compile(m, (x, n), fallback_ops=["aten.tanh"])
+    reason = cm.manifest.host_program["reason"]
+    assert "while_loop" in reason and "tanh" in reason and "fallback_ops" in reason
+    with torch.no_grad():
+        for g, w in zip(cm(x, n), m(x, n)):
+            torch.testing.assert_close(g, w, rtol=0, atol=0)
+
+
 def test_cond_runs_either_branch_as_eager():
     torch.manual_seed(0)
     m, x = Cond().eval(), torch.randn(3, 4)
@@ -51,6 +116,7 @@ def test_while_loop_with_a_nested_cond_runs_as_eager(tmp_path):
     x, n = torch.randn(5), torch.tensor(7)
     m = Loop().eval()
     cm = aot.compile(m, (x, n))
+    assert "nested" in cm.manifest.host_program["reason"]  # a cond in the body: host program
     for args in ((x, n), (x * 3, torch.tensor(2)), (x, torch.tensor(0))):
         got, want = cm(*args), m(*args)
         for g, w in zip(got, want):
