@@ -12,9 +12,11 @@ import types
 
 from iree.compiler import ir  # noqa: F401  (re-exported)
 from iree.compiler._mlir_libs import _mlir as _bindings
-from iree.compiler.extras.fx_importer import FxImporter, FxImporterHooks, RefTracker  # noqa: F401
+from iree.compiler.extras.fx_importer import (  # noqa: F401
+    FxImporter, FxImporterHooks, GraphNodeImporter, RefTracker)
 
-__all__ = ["ir", "FxImporter", "FxImporterHooks", "RefTracker", "new_context"]
+__all__ = ["ir", "FxImporter", "FxImporterHooks", "GraphNodeImporter", "RefTracker",
+           "new_context"]
 
 
 # The bindings look up a Python module of op classes for each op's dialect as it is

@@ -5,6 +5,8 @@ forms IREE 3.13 runs well (``aot.forms.compiled_forms.apply``: convolutions as m
 attention as two matmuls, ...); the graph is imported into the Torch dialect
 (``aot.importer.fx_import``), its kernel calls outlined into calls of host functions
 (``aot.partition.outline``), and the ``linalg_kernels`` ops the forms called expanded.
+Control flow's graphs (a ``while_loop``'s condition and body, a ``cond``'s branches) get
+the same forms and become private functions of the module (``import_graph``).
 
 A portable export (``--emit torch``, ``--emit stablehlo``) is for consumers other than
 IREE: ``portable=True`` keeps the ops as written (a convolution stays a convolution)

@@ -28,6 +28,7 @@ import hashlib
 
 from .._mlir import FxImporter, FxImporterHooks, RefTracker, ir, new_context
 from ..manifest import PARAMETER_SCOPE
+from .cond_import import NodeImporter
 
 __all__ = ["stateless_graph", "import_graph", "import_graphs", "NodeRewrite", "DROP",
            "Parameters", "PARAMETER_SCOPE", "PARAMETER_MIN_BYTES"]
@@ -155,6 +156,7 @@ class _ParameterHooks(FxImporterHooks):
 
 
 def _importer(module=None, parameters: Parameters | None = None, **kwargs) -> FxImporter:
+    kwargs["graph_node_importer_cls"] = NodeImporter  # torch.cond too
     if parameters is not None:
         kwargs["hooks"] = _ParameterHooks(parameters)
     if module is not None:

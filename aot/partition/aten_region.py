@@ -50,15 +50,11 @@ def _values(v):
 STORAGE_OPS = {"aten::as_strided", "aten::as_strided_copy", "aten::as_strided_scatter"}
 
 
-# higher-order control flow the host program runs (``aot.fallback.host_program``): its
-# graph operands are recorded as sub-programs
+# higher-order control flow the host program runs (``aot.fallback.host_program``) where
+# it cannot be compiled whole (``partition.decisions``): its graph operands are recorded
+# as sub-programs
 HOPS = {torch.ops.higher_order.cond: "hop:cond",
         torch.ops.higher_order.while_loop: "hop:while_loop"}
-
-
-# of those, the ones IREE's importer does not take (a ``while_loop`` it makes a loop of
-# the compiled module: ``partition.decisions`` places its ops)
-_NOT_IMPORTED = {torch.ops.higher_order.cond}
 
 
 def host_reason(imported: ImportedProgram) -> str | None:
@@ -69,10 +65,6 @@ def host_reason(imported: ImportedProgram) -> str | None:
         return (f"the model updates its buffer {imported.mutations[0].get('buffer', '')!r} in "
                 "place: the host keeps it")
     for n in imported.exported.graph.nodes:
-        if n.op == "call_function" and n.target in HOPS and n.target in _NOT_IMPORTED:
-            return (f"{n.name} ({HOPS[n.target]}, {node_location(n) or 'unknown location'}) is "
-                    "control flow (a higher-order op) the importer does not take: the host "
-                    "runs its branches, op by op in ATen")
         if isinstance(n.target, torch._ops.OpOverload) and n.target._schema.name in STORAGE_OPS:
             return (f"{n.name} ({_op(n)}, {node_location(n) or 'unknown location'}) reads its "
                     "operand's storage and strides, which only eager's tensors have")

@@ -7,11 +7,12 @@ measures the heavy covered ops under ``placement="auto"``, and places every op
 (``placement``). Grouping and the rewrite into kernel calls only read the
 :class:`Decisions` it returns.
 
-A ``torch.while_loop`` is compiled whole (IREE's importer makes it a loop in the
-compiled module): its condition's and body's ops are probed and placed like any
-others, each with its own row, and the loop compiles when IREE lowers every one of
-them. A loop with an op it does not lower, a forced one, or control flow nested in it
-runs in the host program with the whole program (``RUNS_IN_HOST``).
+Control flow (``torch.while_loop``, ``torch.cond``) is compiled whole: the importer
+makes a loop or a branch of the compiled module, and the ops of its condition and
+body, or of its branches, are probed and placed like any others, each with its own
+row; it compiles when IREE lowers every one of them. Control flow with an op IREE does
+not lower, a forced one, or control flow nested in it runs in the host program with the
+whole program (``RUNS_IN_HOST``).
 """
 
 from __future__ import annotations
@@ -42,7 +43,8 @@ from ..toolchain.targets import Target
 from .cost import CROSSING_MS, CostCache, measure_decomposed, measure_nodes, start_prefetch
 from ..fallback.quantized_ops import NAMESPACE
 
-__all__ = ["Decisions", "decide", "is_assert", "op_nodes", "loop_ops", "RUNS_IN_HOST"]
+__all__ = ["Decisions", "decide", "is_assert", "op_nodes", "inner_ops", "CONTROL_FLOW",
+           "RUNS_IN_HOST"]
 log = logging.getLogger(__name__)
 _MAX_DECOMPOSITION_ROUNDS = 4
 
@@ -115,22 +117,26 @@ def _ops(graph: torch.fx.Graph) -> list[torch.fx.Node]:
             and n.target is not operator.getitem and not is_assert(n)]
 
 
-WHILE_LOOP = torch.ops.higher_order.while_loop
-# the UnsupportedOp ``op`` of a loop that cannot be compiled whole: ``compile_model``
-# runs the program in the host program, for the reason the error gives
-RUNS_IN_HOST = "hop:while_loop"
+# control flow -> (its name, the positions of its graph operands)
+CONTROL_FLOW = {torch.ops.higher_order.while_loop: ("torch.while_loop", (0, 1)),
+                torch.ops.higher_order.cond: ("torch.cond", (1, 2))}
+# the UnsupportedOp ``op`` of control flow that cannot be compiled whole:
+# ``compile_model`` runs the program in the host program, for the reason the error gives
+RUNS_IN_HOST = "control flow"
 
 
-def loop_ops(ep, loop: torch.fx.Node) -> list[torch.fx.Node]:
-    """The ops of ``loop``'s condition and body graphs (a ``while_loop`` node of ``ep``)."""
-    return [n for g in loop.args[:2] for n in _ops(getattr(ep.graph_module, g.target).graph)]
+def inner_ops(ep, node: torch.fx.Node) -> list[torch.fx.Node]:
+    """The ops of the graphs of control flow ``node`` (a loop's condition and body, a
+    cond's branches), a node of ``ep``."""
+    return [n for i in CONTROL_FLOW[node.target][1]
+            for n in _ops(getattr(ep.graph_module, node.args[i].target).graph)]
 
 
 def _probed(ep) -> list[torch.fx.Node]:
-    """The ops whose coverage decides placement: every op, a loop's as its own ops."""
+    """The ops whose coverage decides placement: every op, control flow's as its own."""
     out = []
     for n in op_nodes(ep):
-        out.extend(loop_ops(ep, n) if n.target is WHILE_LOOP else [n])
+        out.extend(inner_ops(ep, n) if n.target in CONTROL_FLOW else [n])
     return out
 
 
@@ -303,11 +309,12 @@ def _place(ep, policy: PlacementPolicy, verdicts: dict[str, Verdict], demoted: d
     user_inputs = _user_inputs(ep)
     for n in op_nodes(ep):
         name, saving = op_name(n.target), None
-        if n.target is WHILE_LOOP:
-            rows = _place_loop(ep, n, policy, verdicts, demoted, user_inputs, via)
-            decided[n] = (COMPILED, f"a loop whose {len(rows)} ops IREE lowers, compiled whole")
-            placements.append(Placement(n.name, "hop:while_loop", COMPILED, decided[n][1],
-                                        node_location(n), None))
+        if n.target in CONTROL_FLOW:
+            rows = _place_control_flow(ep, n, policy, verdicts, demoted, user_inputs, via)
+            decided[n] = (COMPILED, f"control flow whose {len(rows)} ops IREE lowers, "
+                          "compiled whole")
+            placements.append(Placement(n.name, f"hop:{n.target.name()}", COMPILED,
+                                        decided[n][1], node_location(n), None))
             placements.extend(rows)
             continue
         if not isinstance(n.target, torch._ops.OpOverload):
@@ -335,28 +342,28 @@ def _place(ep, policy: PlacementPolicy, verdicts: dict[str, Verdict], demoted: d
     return placements, decided
 
 
-def _place_loop(ep, loop: torch.fx.Node, policy: PlacementPolicy, verdicts: dict,
-                demoted: dict, user_inputs: set, via: str) -> list[Placement]:
-    """The rows of a ``while_loop``'s ops, all compiled.
+def _place_control_flow(ep, loop: torch.fx.Node, policy: PlacementPolicy, verdicts: dict,
+                        demoted: dict, user_inputs: set, via: str) -> list[Placement]:
+    """The rows of the ops inside control flow ``loop``, all compiled.
 
     Raises:
-        UnsupportedOp: (``op=RUNS_IN_HOST``) an op of the loop IREE does not lower, one
-            forced to ATen, control flow nested in it, or the loop itself moved to ATen
-            by recovery: the loop is compiled only whole."""
+        UnsupportedOp: (``op=RUNS_IN_HOST``) an op inside IREE does not lower, one
+            forced to ATen, control flow nested in it, or the node itself moved to ATen
+            by recovery: control flow is compiled only whole."""
     def host(why: str) -> UnsupportedOp:
-        return UnsupportedOp(f"{loop.name} (torch.while_loop) runs in the host program: {why}; "
-                             "a loop is compiled only with every op in it compiled",
-                             op=RUNS_IN_HOST, location=node_location(loop))
+        return UnsupportedOp(f"{loop.name} ({CONTROL_FLOW[loop.target][0]}) runs in the host "
+                             f"program: {why}; control flow is compiled only with every op in "
+                             "it compiled", op=RUNS_IN_HOST, location=node_location(loop))
     if policy.fallback == "all":
         raise host("fallback='all'")
     if loop.name in demoted:
         raise host(f"IREE failed on it ({demoted[loop.name]})")
     rows = []
-    for b in loop_ops(ep, loop):
+    for b in inner_ops(ep, loop):
         what = f"its op {b.name} ({op_name(b.target)}, {node_location(b) or 'unknown location'})"
         if not isinstance(b.target, torch._ops.OpOverload):
             if isinstance(b.target, torch._ops.HigherOrderOperator):
-                raise host(f"{what} is control flow nested in the loop")
+                raise host(f"{what} is control flow nested in it")
             why = "symbolic scalar arithmetic (always compiled)"
         elif matches_forced(b.target, policy.fallback_ops):
             raise host(f"{what} is forced to ATen by fallback_ops")

@@ -141,7 +141,7 @@ from ..progress import step
 from ..runtime.module import CompiledModule
 from ..partition.cost import (MIN_FLOPS, CostCache, Floor, LocalCosts, compiled_floor,
                               machine_key, measure_packed)
-from ..partition.decisions import RUNS_IN_HOST, WHILE_LOOP, heavy_nodes
+from ..partition.decisions import CONTROL_FLOW, RUNS_IN_HOST, heavy_nodes
 from ..partition.flops import node_flops
 from ..errors import UnsupportedOp
 from ..partition.placement import KERNEL_CALL, Placement, PlacementPolicy
@@ -193,10 +193,10 @@ def worth_measuring(imported: ImportedProgram, kernel_calls: bool, target: Targe
                     policy: PlacementPolicy) -> bool:
     """``may_measure``, and the per-op placement has ``kernel_calls``, the program at
     least one heavy op (or quantized conv/linear), or a loop (whose body runs as often as
-    the inputs say, each time at the cost of its dispatches)."""
+    the inputs say, each time at the cost of its dispatches) or a branch."""
     if not may_measure(target, policy):
         return False
-    if kernel_calls or any(n.target is WHILE_LOOP for n in imported.exported.graph.nodes):
+    if kernel_calls or any(n.target in CONTROL_FLOW for n in imported.exported.graph.nodes):
         return True
     return any(n.op == "call_function" and ((node_flops(n) or 0) >= MIN_FLOPS or _quantized_mm(n))
                for n in imported.exported.graph.nodes)
@@ -583,8 +583,8 @@ def _pinned(plan: dict | None, cands: dict) -> dict | None:
 
 def aten_candidates(imported: ImportedProgram, target: Target) -> dict:
     """The whole-ATen-region candidates for this program and target (none on failure);
-    a program with a loop, which kernel calls cannot hold, has the host program as its
-    ATen region."""
+    a program with control flow, which kernel calls cannot hold, has the host program as
+    its ATen region."""
     cands = {}
     try:
         try:

@@ -1,8 +1,9 @@
-"""torch.cond and torch.while_loop run (issue 35). A loop whose every op IREE lowers is
-compiled whole, its condition's and body's ops placed like any others; the host program
-runs the branch of a cond, or a loop that cannot be compiled whole, as sub-programs, op by
-op in ATen, bit for bit eager's; saved artifacts load with them, and a malformed
-sub-program is refused at load."""
+"""torch.cond and torch.while_loop run (issue 35). Control flow whose every op IREE
+lowers is compiled whole (a loop or a branch of the compiled module), the ops of its
+condition and body, or of its branches, placed like any others; otherwise the host
+program runs it, the branch or the loop body a sub-program, op by op in ATen, bit for bit
+eager's. Saved artifacts load with either, and a malformed sub-program is refused at
+load."""
 
 import json
 
@@ -103,11 +104,29 @@ def test_a_loop_with_an_op_forced_to_aten_runs_in_the_host_program():
             torch.testing.assert_close(g, w, rtol=0, atol=0)
 
 
-def test_cond_runs_either_branch_as_eager():
+def test_a_cond_of_ops_iree_lowers_is_compiled_whole(tmp_path):
     torch.manual_seed(0)
     m, x = Cond().eval(), torch.randn(3, 4)
-    cm = aot.compile(m, (x,))
-    assert "hop:cond" in cm.manifest.host_program["reason"]
+    cm = aot.compile(m, (x,), placement="coverage")  # compiled, unmeasured
+    assert cm.manifest.host_program is None and not cm.manifest.kernel_calls
+    rows = {p["node"]: p for p in cm.manifest.placements}
+    branches = {p["op"] for k, p in rows.items() if k.startswith("cond.")}
+    assert {"aten.sin.default", "aten.cos.default"} <= branches
+    assert all(p["where"] == "compiled" for p in rows.values())
+    path = str(tmp_path / "cond.aot")
+    cm.save(path)
+    with torch.no_grad():
+        for module in (cm, aot.load(path)):
+            for arg in (x.abs(), -x.abs()):  # each branch
+                torch.testing.assert_close(module(arg), m(arg), rtol=1e-5, atol=1e-5)
+
+
+def test_cond_with_an_op_forced_to_aten_runs_either_branch_as_eager():
+    torch.manual_seed(0)
+    m, x = Cond().eval(), torch.randn(3, 4)
+    cm = aot.compile(m, (x,), fallback_ops=["aten.sin"])
+    reason = cm.manifest.host_program["reason"]
+    assert "torch.cond" in reason and "aten.sin" in reason
     for arg in (x.abs(), -x.abs()):  # each branch
         torch.testing.assert_close(cm(arg), m(arg), rtol=0, atol=0)
 
@@ -146,7 +165,7 @@ def _edit_host_program(path, dst, edit):
 ])
 def test_a_malformed_sub_program_is_refused_at_load(tmp_path, edit, match):
     torch.manual_seed(0)
-    cm = aot.compile(Cond().eval(), (torch.randn(3, 4),))
+    cm = aot.compile(Cond().eval(), (torch.randn(3, 4),), fallback_ops=["aten.sin"])
     path = str(tmp_path / "cond.aot")
     cm.save(path)
     bad = _edit_host_program(path, str(tmp_path / "bad.aot"), edit)
