@@ -7,12 +7,12 @@ measures the heavy covered ops under ``placement="auto"``, and places every op
 (``placement``). Grouping and the rewrite into kernel calls only read the
 :class:`Decisions` it returns.
 
-Control flow (``torch.while_loop``, ``torch.cond``) is compiled whole: the importer
-makes a loop or a branch of the compiled module, and the ops of its condition and
-body, or of its branches, are probed and placed like any others, each with its own
-row; it compiles when IREE lowers every one of them. Control flow with an op IREE does
-not lower, a forced one, or control flow nested in it runs in the host program with the
-whole program (``RUNS_IN_HOST``).
+Control flow (``torch.while_loop``, ``torch.cond``) is compiled: the importer makes a
+loop or a branch of the compiled module, and the ops of its condition and body, or of
+its branches, are probed and placed like any others, each with its own row (a kernel
+call inside runs once per iteration, or only in the branch taken). Control flow nested
+in control flow, or under ``fallback="all"``, runs in the host program with the whole
+program (``RUNS_IN_HOST``).
 """
 
 from __future__ import annotations
@@ -310,9 +310,9 @@ def _place(ep, policy: PlacementPolicy, verdicts: dict[str, Verdict], demoted: d
     for n in op_nodes(ep):
         name, saving = op_name(n.target), None
         if n.target in CONTROL_FLOW:
-            rows = _place_control_flow(ep, n, policy, verdicts, demoted, user_inputs, via)
-            decided[n] = (COMPILED, f"control flow whose {len(rows)} ops IREE lowers, "
-                          "compiled whole")
+            rows = _place_control_flow(ep, n, policy, verdicts, demoted, user_inputs, via,
+                                       decided)
+            decided[n] = (COMPILED, f"control flow of {len(rows)} ops, compiled")
             placements.append(Placement(n.name, f"hop:{n.target.name()}", COMPILED,
                                         decided[n][1], node_location(n), None))
             placements.extend(rows)
@@ -343,17 +343,18 @@ def _place(ep, policy: PlacementPolicy, verdicts: dict[str, Verdict], demoted: d
 
 
 def _place_control_flow(ep, loop: torch.fx.Node, policy: PlacementPolicy, verdicts: dict,
-                        demoted: dict, user_inputs: set, via: str) -> list[Placement]:
-    """The rows of the ops inside control flow ``loop``, all compiled.
+                        demoted: dict, user_inputs: set, via: str, decided: dict
+                        ) -> list[Placement]:
+    """The rows of the ops inside control flow ``loop`` (named ``<loop>.<op node>``),
+    each op's ``(where, why)`` added to ``decided``.
 
     Raises:
-        UnsupportedOp: (``op=RUNS_IN_HOST``) an op inside IREE does not lower, one
-            forced to ATen, control flow nested in it, or the node itself moved to ATen
-            by recovery: control flow is compiled only whole."""
+        UnsupportedOp: (``op=RUNS_IN_HOST``) control flow nested in it, ``fallback="all"``
+            (kernel calls cannot hold control flow), or the node itself moved to ATen by
+            recovery."""
     def host(why: str) -> UnsupportedOp:
         return UnsupportedOp(f"{loop.name} ({CONTROL_FLOW[loop.target][0]}) runs in the host "
-                             f"program: {why}; control flow is compiled only with every op in "
-                             "it compiled", op=RUNS_IN_HOST, location=node_location(loop))
+                             f"program: {why}", op=RUNS_IN_HOST, location=node_location(loop))
     if policy.fallback == "all":
         raise host("fallback='all'")
     if loop.name in demoted:
@@ -361,20 +362,25 @@ def _place_control_flow(ep, loop: torch.fx.Node, policy: PlacementPolicy, verdic
     rows = []
     for b in inner_ops(ep, loop):
         what = f"its op {b.name} ({op_name(b.target)}, {node_location(b) or 'unknown location'})"
+        row = f"{loop.name}.{b.name}"
+        where = KERNEL_CALL
         if not isinstance(b.target, torch._ops.OpOverload):
             if isinstance(b.target, torch._ops.HigherOrderOperator):
                 raise host(f"{what} is control flow nested in it")
-            why = "symbolic scalar arithmetic (always compiled)"
+            where, why = COMPILED, "symbolic scalar arithmetic (always compiled)"
         elif matches_forced(b.target, policy.fallback_ops):
-            raise host(f"{what} is forced to ATen by fallback_ops")
+            why = "forced by fallback_ops"
+        elif row in demoted:
+            why = f"lowers alone, but IREE failed on it fused with its neighbours: {demoted[row]}"
         elif (fault := iree_fault(b, user_inputs, via)) is not None:
-            raise host(f"{what} runs in ATen: {fault}")
+            why = fault
         elif not verdicts[op_signature(b)].covered:
-            raise host(f"{what} is not lowered by IREE ({verdicts[op_signature(b)].reason})")
+            why = verdicts[op_signature(b)].reason
         else:
-            why = f"lowered by IREE, in {loop.name}"
-        rows.append(Placement(f"{loop.name}.{b.name}", op_name(b.target), COMPILED, why,
-                              node_location(b), node_flops(b)))
+            where, why = COMPILED, f"lowered by IREE, in {loop.name}"
+        decided[b] = (where, why)
+        rows.append(Placement(row, op_name(b.target), where, why, node_location(b),
+                              node_flops(b)))
     return rows
 
 

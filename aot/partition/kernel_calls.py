@@ -30,7 +30,7 @@ from .grouping import Grouping, n_results, scalar_kind, source, used_outside
 from .kernel_call_op import kernel_call_op
 from .placement import COMPILED, KERNEL_CALL, op_name
 
-__all__ = ["HostConstants", "quantized_boundary", "rewrite_graph"]
+__all__ = ["HostConstants", "quantized_boundary", "rewrite_graph", "rewrite_subgraph"]
 
 
 def rewrite_graph(ep, decided: dict, sizes: frozenset, grouping: Grouping):
@@ -53,6 +53,26 @@ def rewrite_graph(ep, decided: dict, sizes: frozenset, grouping: Grouping):
     graph = stateless_graph(ep, lambda n, g, env: DROP if n in sizes else _rewrite(
         n, g, env, decided, specs, grouping, node_keys, consts))
     return graph, specs, node_keys, consts
+
+
+def rewrite_subgraph(gm: torch.fx.GraphModule, decided: dict, specs: list, node_keys: dict,
+                     consts: "HostConstants", prefix: str) -> torch.fx.GraphModule:
+    """A control-flow graph of the program (a loop's condition or body, a branch) with
+    its kernel calls as ``aot_kc`` placeholder calls, one each (no groups), their specs
+    appended to ``specs`` (site numbers go on from the program's) and their keys to
+    ``node_keys`` under ``<prefix>.<node>``, the name of the op's placement row."""
+    g, env, keys = torch.fx.Graph(), {}, {}
+    none = Grouping({}, {}, frozenset())
+    for node in gm.graph.nodes:
+        new = None
+        if node.op == "call_function":
+            new = _rewrite(node, g, env, decided, specs, none, keys, consts)
+        if new is DROP:
+            env[node] = None
+            continue
+        env[node] = new if new is not None else g.node_copy(node, lambda n: env[n])
+    node_keys.update({f"{prefix}.{k}": v for k, v in keys.items()})
+    return torch.fx.GraphModule(gm, g)
 
 
 def _rewrite(node, g: torch.fx.Graph, env: dict, decided: dict, specs: list,

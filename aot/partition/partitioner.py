@@ -21,9 +21,9 @@ from ..fallback.spec import KernelCallSpec, lacks_cuda_kernel
 from ..importer.fx_import import import_graph, stateless_graph
 from ..importer.program import ImportedProgram
 from .coverage import CoverageCache
-from .decisions import decide, op_nodes
+from .decisions import CONTROL_FLOW, decide, op_nodes
 from .grouping import Grouping
-from .kernel_calls import rewrite_graph
+from .kernel_calls import rewrite_graph, rewrite_subgraph
 from .placement import KERNEL_CALL, Placement, PlacementPolicy
 from ..toolchain.targets import Target
 
@@ -36,8 +36,8 @@ class PartitionedProgram:
     """Made by :func:`partition`, read by the backend (``aot.backend.lower``).
 
     ``graph`` is the program with its kernel calls as ``aot_kc`` ops and its compiled
-    ops as written; ``subgraphs`` the graphs its ``get_attr`` nodes name (a
-    ``while_loop``'s condition and body), by name; ``placements`` has one row per op, in
+    ops as written; ``subgraphs`` the graphs of its control flow (a ``while_loop``'s
+    condition and body, a ``cond``'s branches) by name, rewritten likewise; ``placements`` has one row per op, in
     graph order; ``kernel_calls[i].key`` names the i-th kernel call.
     """
 
@@ -96,6 +96,13 @@ def partition(imported: ImportedProgram, target: Target,
     grouping = (Grouping.find(ep, decided, sizes) if policy.group
                 else Grouping({}, {}, frozenset(sizes)))
     graph, specs, node_keys, consts = rewrite_graph(ep, decided, sizes, grouping)
+    specs = list(specs)
+    subgraphs = {}
+    for n in op_nodes(ep):
+        for i in CONTROL_FLOW.get(n.target, (None, ()))[1]:
+            name = n.args[i].target
+            subgraphs[name] = rewrite_subgraph(getattr(ep.graph_module, name), decided, specs,
+                                               node_keys, consts, n.name)
     whole = single_call(graph)
     on_cpu = set()
     if target.name == "cuda":
@@ -112,9 +119,6 @@ def partition(imported: ImportedProgram, target: Target,
         for p in decisions.placements)
     producers = {n.name: tuple(a.name for a in n.all_input_nodes if a.op == "call_function")
                  for n in op_nodes(ep)}
-    subgraphs = {n.target: getattr(ep.graph_module, n.target) for n in ep.graph.nodes
-                 if n.op == "get_attr" and isinstance(getattr(ep.graph_module, n.target, None),
-                                                      torch.fx.GraphModule)}
     return PartitionedProgram(imported, target, policy, placements, tuple(specs), producers,
                               consts.tensors, None if whole is None else specs[whole].key,
                               graph, subgraphs)

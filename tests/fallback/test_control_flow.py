@@ -1,9 +1,9 @@
-"""torch.cond and torch.while_loop run (issue 35). Control flow whose every op IREE
-lowers is compiled whole (a loop or a branch of the compiled module), the ops of its
-condition and body, or of its branches, placed like any others; otherwise the host
-program runs it, the branch or the loop body a sub-program, op by op in ATen, bit for bit
-eager's. Saved artifacts load with either, and a malformed sub-program is refused at
-load."""
+"""torch.cond and torch.while_loop run (issue 35). Control flow is compiled (a loop or a
+branch of the compiled module), the ops of its condition and body, or of its branches,
+placed like any others: compiled, or kernel calls the loop or the branch calls. Control
+flow nested in control flow, or under fallback="all", runs in the host program, the
+branch or the loop body a sub-program, op by op in ATen, bit for bit eager's. Saved
+artifacts load with either, and a malformed sub-program is refused at load."""
 
 import json
 
@@ -93,12 +93,29 @@ def test_a_compiled_loop_races_the_host_program():
             torch.testing.assert_close(g, w, rtol=1e-5, atol=1e-5)
 
 
-def test_a_loop_with_an_op_forced_to_aten_runs_in_the_host_program():
+def test_an_op_forced_to_aten_in_a_loop_is_a_kernel_call_of_the_loop(tmp_path):
+    torch.manual_seed(0)
+    m, x = Recurrent().eval(), torch.randn(2, 8)
+    cm = aot.compile(m, (x, torch.tensor(3)), fallback_ops=["aten.tanh"], placement="coverage")
+    assert cm.manifest.host_program is None
+    rows = {p["node"]: p for p in cm.manifest.placements}
+    tanh = [p for k, p in rows.items() if k.startswith("while_loop.") and "tanh" in p["op"]]
+    assert [p["where"] for p in tanh] == ["kernel_call"] and tanh[0]["key"]
+    assert [k["op"] for k in cm.manifest.kernel_calls] == ["aten::tanh"]
+    path = str(tmp_path / "loop.aot")
+    cm.save(path)
+    with torch.no_grad():
+        for module in (cm, aot.load(path)):
+            for n in (0, 3, 5):  # the kernel call runs once per iteration
+                h, i = module(x, torch.tensor(n))
+                torch.testing.assert_close(h, m(x, torch.tensor(n))[0], rtol=1e-5, atol=1e-5)
+
+
+def test_under_fallback_all_a_loop_runs_in_the_host_program():
     torch.manual_seed(0)
     m, x, n = Recurrent().eval(), torch.randn(2, 8), torch.tensor(3)
-    cm = aot.compile(m, (x, n), fallback_ops=["aten.tanh"])
-    reason = cm.manifest.host_program["reason"]
-    assert "while_loop" in reason and "tanh" in reason and "fallback_ops" in reason
+    cm = aot.compile(m, (x, n), fallback="all")
+    assert "torch.while_loop" in cm.manifest.host_program["reason"]
     with torch.no_grad():
         for g, w in zip(cm(x, n), m(x, n)):
             torch.testing.assert_close(g, w, rtol=0, atol=0)
@@ -121,12 +138,21 @@ def test_a_cond_of_ops_iree_lowers_is_compiled_whole(tmp_path):
                 torch.testing.assert_close(module(arg), m(arg), rtol=1e-5, atol=1e-5)
 
 
-def test_cond_with_an_op_forced_to_aten_runs_either_branch_as_eager():
+def test_an_op_forced_to_aten_in_a_branch_is_a_kernel_call_of_the_branch():
     torch.manual_seed(0)
     m, x = Cond().eval(), torch.randn(3, 4)
-    cm = aot.compile(m, (x,), fallback_ops=["aten.sin"])
-    reason = cm.manifest.host_program["reason"]
-    assert "torch.cond" in reason and "aten.sin" in reason
+    cm = aot.compile(m, (x,), fallback_ops=["aten.sin"], placement="coverage")
+    assert cm.manifest.host_program is None
+    assert [k["op"] for k in cm.manifest.kernel_calls] == ["aten::sin"]
+    for arg in (x.abs(), -x.abs()):  # each branch
+        torch.testing.assert_close(cm(arg), m(arg), rtol=1e-5, atol=1e-5)
+
+
+def test_under_fallback_all_cond_runs_either_branch_as_eager():
+    torch.manual_seed(0)
+    m, x = Cond().eval(), torch.randn(3, 4)
+    cm = aot.compile(m, (x,), fallback="all")
+    assert "torch.cond" in cm.manifest.host_program["reason"]
     for arg in (x.abs(), -x.abs()):  # each branch
         torch.testing.assert_close(cm(arg), m(arg), rtol=0, atol=0)
 
@@ -165,7 +191,7 @@ def _edit_host_program(path, dst, edit):
 ])
 def test_a_malformed_sub_program_is_refused_at_load(tmp_path, edit, match):
     torch.manual_seed(0)
-    cm = aot.compile(Cond().eval(), (torch.randn(3, 4),), fallback_ops=["aten.sin"])
+    cm = aot.compile(Cond().eval(), (torch.randn(3, 4),), fallback="all")
     path = str(tmp_path / "cond.aot")
     cm.save(path)
     bad = _edit_host_program(path, str(tmp_path / "bad.aot"), edit)
