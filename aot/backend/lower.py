@@ -70,8 +70,9 @@ def lowered_graph(p: PartitionedProgram, portable: bool = False) -> torch.fx.Gra
 def lower(p: PartitionedProgram, portable: bool = False) -> LoweredProgram:
     """``p`` lowered to the Torch-dialect module for its target (module docstring)."""
     graph = lowered_graph(p, portable)
-    subgraphs = _loops(graph, {name: torch.fx.GraphModule(sub, compiled_forms.apply(
-        sub.graph, named_kernels(p.target), portable)) for name, sub in p.subgraphs.items()})
+    named = named_kernels(p.target)
+    subgraphs = _loops(graph, {name: _lowered_subgraph(sub, named, portable)
+                               for name, sub in p.subgraphs.items()})
     params = Parameters() if p.target.parameters and not portable else None
     module = expand(outline_kernel_calls(import_graph(graph, parameters=params,
                                                       subgraphs=subgraphs),
@@ -79,6 +80,19 @@ def lower(p: PartitionedProgram, portable: bool = False) -> LoweredProgram:
     fields = {f.name: getattr(p, f.name) for f in dataclasses.fields(PartitionedProgram)}
     return LoweredProgram(**{**fields, "graph": graph}, module=module,
                           parameters=params.tensors if params is not None else {})
+
+
+def _lowered_subgraph(gm: torch.fx.GraphModule, named: bool, portable: bool
+                      ) -> torch.fx.GraphModule:
+    """A control-flow graph with its compiled ops in their forms, the control flow nested
+    in it lowered likewise (``_loops``)."""
+    new = torch.fx.GraphModule(gm, compiled_forms.apply(gm.graph, named, portable))
+    children = {name: _lowered_subgraph(sub, named, portable)
+                for name, sub in gm.named_children() if isinstance(sub, torch.fx.GraphModule)}
+    for name, sub in _loops(new.graph, children).items():
+        setattr(new, name, sub)
+    new.recompile()
+    return new
 
 
 def _loops(graph: torch.fx.Graph, subgraphs: dict[str, torch.fx.GraphModule]

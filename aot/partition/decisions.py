@@ -10,8 +10,8 @@ measures the heavy covered ops under ``placement="auto"``, and places every op
 Control flow (``torch.while_loop``, ``torch.cond``) is compiled: the importer makes a
 loop or a branch of the compiled module, and the ops of its condition and body, or of
 its branches, are probed and placed like any others, each with its own row (a kernel
-call inside runs once per iteration, or only in the branch taken). Control flow nested
-in control flow, or under ``fallback="all"``, runs in the host program with the whole
+call inside runs once per iteration, or only in the branch taken), nested control flow's
+too. Under ``fallback="all"`` control flow runs in the host program with the whole
 program (``RUNS_IN_HOST``).
 """
 
@@ -125,19 +125,24 @@ CONTROL_FLOW = {torch.ops.higher_order.while_loop: ("torch.while_loop", (0, 1)),
 RUNS_IN_HOST = "control flow"
 
 
-def inner_ops(ep, node: torch.fx.Node) -> list[torch.fx.Node]:
+def inner_ops(node: torch.fx.Node) -> list[torch.fx.Node]:
     """The ops of the graphs of control flow ``node`` (a loop's condition and body, a
-    cond's branches), a node of ``ep``."""
+    cond's branches)."""
+    owner = node.graph.owning_module
     return [n for i in CONTROL_FLOW[node.target][1]
-            for n in _ops(getattr(ep.graph_module, node.args[i].target).graph)]
+            for n in _ops(getattr(owner, node.args[i].target).graph)]
 
 
 def _probed(ep) -> list[torch.fx.Node]:
-    """The ops whose coverage decides placement: every op, control flow's as its own."""
-    out = []
-    for n in op_nodes(ep):
-        out.extend(inner_ops(ep, n) if n.target in CONTROL_FLOW else [n])
-    return out
+    """The ops whose coverage decides placement: every op, control flow's (nested too)
+    as its own."""
+    def flat(nodes):
+        for n in nodes:
+            if n.target in CONTROL_FLOW:
+                yield from flat(inner_ops(n))
+            else:
+                yield n
+    return list(flat(op_nodes(ep)))
 
 
 def _decompose_uncovered(ep, target, policy, cache, kept: dict, prefetch=None, assume=None):
@@ -310,7 +315,7 @@ def _place(ep, policy: PlacementPolicy, verdicts: dict[str, Verdict], demoted: d
     for n in op_nodes(ep):
         name, saving = op_name(n.target), None
         if n.target in CONTROL_FLOW:
-            rows = _place_control_flow(ep, n, policy, verdicts, demoted, user_inputs, via,
+            rows = _place_control_flow(n, policy, verdicts, demoted, user_inputs, via,
                                        decided)
             decided[n] = (COMPILED, f"control flow of {len(rows)} ops, compiled")
             placements.append(Placement(n.name, f"hop:{n.target.name()}", COMPILED,
@@ -342,31 +347,41 @@ def _place(ep, policy: PlacementPolicy, verdicts: dict[str, Verdict], demoted: d
     return placements, decided
 
 
-def _place_control_flow(ep, loop: torch.fx.Node, policy: PlacementPolicy, verdicts: dict,
-                        demoted: dict, user_inputs: set, via: str, decided: dict
-                        ) -> list[Placement]:
-    """The rows of the ops inside control flow ``loop`` (named ``<loop>.<op node>``),
-    each op's ``(where, why)`` added to ``decided``.
+def _place_control_flow(loop: torch.fx.Node, policy: PlacementPolicy, verdicts: dict,
+                        demoted: dict, user_inputs: set, via: str, decided: dict,
+                        prefix: str | None = None) -> list[Placement]:
+    """The rows of the ops inside control flow ``loop`` (named ``<prefix>.<op node>``,
+    ``prefix`` the loop's own row, its node name at the top), nested control flow's
+    too, each op's ``(where, why)`` added to ``decided``.
 
     Raises:
-        UnsupportedOp: (``op=RUNS_IN_HOST``) control flow nested in it, ``fallback="all"``
-            (kernel calls cannot hold control flow), or the node itself moved to ATen by
-            recovery."""
+        UnsupportedOp: (``op=RUNS_IN_HOST``) ``fallback="all"`` (kernel calls cannot hold
+            control flow), a higher-order op other than a loop or a cond inside, or the
+            node itself moved to ATen by recovery."""
+    prefix = prefix or loop.name
     def host(why: str) -> UnsupportedOp:
         return UnsupportedOp(f"{loop.name} ({CONTROL_FLOW[loop.target][0]}) runs in the host "
                              f"program: {why}", op=RUNS_IN_HOST, location=node_location(loop))
     if policy.fallback == "all":
         raise host("fallback='all'")
-    if loop.name in demoted:
-        raise host(f"IREE failed on it ({demoted[loop.name]})")
+    if prefix in demoted:
+        raise host(f"IREE failed on it ({demoted[prefix]})")
     rows = []
-    for b in inner_ops(ep, loop):
+    for b in inner_ops(loop):
         what = f"its op {b.name} ({op_name(b.target)}, {node_location(b) or 'unknown location'})"
-        row = f"{loop.name}.{b.name}"
+        row = f"{prefix}.{b.name}"
         where = KERNEL_CALL
+        if b.target in CONTROL_FLOW:
+            inner = _place_control_flow(b, policy, verdicts, demoted, user_inputs, via,
+                                        decided, row)
+            decided[b] = (COMPILED, f"control flow of {len(inner)} ops, compiled")
+            rows.append(Placement(row, f"hop:{b.target.name()}", COMPILED, decided[b][1],
+                                  node_location(b), None))
+            rows.extend(inner)
+            continue
         if not isinstance(b.target, torch._ops.OpOverload):
             if isinstance(b.target, torch._ops.HigherOrderOperator):
-                raise host(f"{what} is control flow nested in it")
+                raise host(f"{what} is a higher-order op compiled code does not take")
             where, why = COMPILED, "symbolic scalar arithmetic (always compiled)"
         elif matches_forced(b.target, policy.fallback_ops):
             why = "forced by fallback_ops"

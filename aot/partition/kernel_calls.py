@@ -25,7 +25,7 @@ from ..importer.dynamic import symbolic_sizes
 from ..importer.fx_import import DROP, stateless_graph
 from ..importer.locations import node_location
 from ..torch_tensor import QuantParams, TorchTensor
-from .decisions import is_assert
+from .decisions import CONTROL_FLOW, is_assert
 from .grouping import Grouping, n_results, scalar_kind, source, used_outside
 from .kernel_call_op import kernel_call_op
 from .placement import COMPILED, KERNEL_CALL, op_name
@@ -72,7 +72,13 @@ def rewrite_subgraph(gm: torch.fx.GraphModule, decided: dict, specs: list, node_
             continue
         env[node] = new if new is not None else g.node_copy(node, lambda n: env[n])
     node_keys.update({f"{prefix}.{k}": v for k, v in keys.items()})
-    return torch.fx.GraphModule(gm, g)
+    new = torch.fx.GraphModule(gm, g)
+    for node in gm.graph.nodes:  # control flow nested in it
+        for i in CONTROL_FLOW.get(node.target, (None, ()))[1]:
+            name = node.args[i].target
+            setattr(new, name, rewrite_subgraph(getattr(gm, name), decided, specs, node_keys,
+                                                consts, f"{prefix}.{node.name}"))
+    return new
 
 
 def _rewrite(node, g: torch.fx.Graph, env: dict, decided: dict, specs: list,

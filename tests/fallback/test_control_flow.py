@@ -1,8 +1,8 @@
 """torch.cond and torch.while_loop run (issue 35). Control flow is compiled (a loop or a
 branch of the compiled module), the ops of its condition and body, or of its branches,
-placed like any others: compiled, or kernel calls the loop or the branch calls. Control
-flow nested in control flow, or under fallback="all", runs in the host program, the
-branch or the loop body a sub-program, op by op in ATen, bit for bit eager's. Saved
+placed like any others: compiled, or kernel calls the loop or the branch calls; control
+flow nested in it too. Under fallback="all" the host program runs it, the branch or the
+loop body a sub-program, op by op in ATen, bit for bit eager's. Saved
 artifacts load with either, and a malformed sub-program is refused at load."""
 
 import json
@@ -157,11 +157,14 @@ def test_under_fallback_all_cond_runs_either_branch_as_eager():
         torch.testing.assert_close(cm(arg), m(arg), rtol=0, atol=0)
 
 
-def test_while_loop_with_a_nested_cond_runs_as_eager(tmp_path):
+def test_a_loop_with_a_cond_in_its_body_is_compiled_and_runs_as_eager(tmp_path):
     x, n = torch.randn(5), torch.tensor(7)
     m = Loop().eval()
-    cm = aot.compile(m, (x, n))
-    assert "nested" in cm.manifest.host_program["reason"]  # a cond in the body: host program
+    cm = aot.compile(m, (x, n), placement="coverage")  # compiled, unmeasured
+    assert cm.manifest.host_program is None
+    rows = {p["node"]: p for p in cm.manifest.placements}
+    assert rows["while_loop.cond"]["op"] == "hop:cond"  # the cond in the body, its own row
+    assert any(k.startswith("while_loop.cond.") for k in rows)  # and its branches' ops
     for args in ((x, n), (x * 3, torch.tensor(2)), (x, torch.tensor(0))):
         got, want = cm(*args), m(*args)
         for g, w in zip(got, want):
