@@ -170,8 +170,9 @@ def import_graph(graph: torch.fx.Graph, *, func_name: str = "main",
                  subgraphs: dict[str, torch.fx.GraphModule] | None = None) -> "ir.Module":
     """Import one stateless FX graph as ``func_name`` into ``module`` (or a new one);
     with ``parameters``, its weights become IREE parameters collected there;
-    ``subgraphs``: the graphs its ``get_attr`` nodes name (a ``while_loop``'s condition
-    and body, which the importer makes private functions of the module first)."""
+    ``subgraphs``: the graphs its ``get_attr`` nodes name (control flow's: a loop's
+    condition and body, a cond's branches), which the importer makes private functions
+    of the module first."""
     importer = _importer(module, parameters)
     if subgraphs:
         holder = torch.nn.Module()

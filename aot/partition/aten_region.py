@@ -51,8 +51,8 @@ STORAGE_OPS = {"aten::as_strided", "aten::as_strided_copy", "aten::as_strided_sc
 
 
 # higher-order control flow the host program runs (``aot.fallback.host_program``) where
-# it cannot be compiled whole (``partition.decisions``): its graph operands are recorded
-# as sub-programs
+# the whole program runs there (``fallback="all"``, or a program compiled code cannot
+# hold): its graph operands are recorded as sub-programs
 HOPS = {torch.ops.higher_order.cond: "hop:cond",
         torch.ops.higher_order.while_loop: "hop:while_loop"}
 

@@ -120,7 +120,7 @@ def _ops(graph: torch.fx.Graph) -> list[torch.fx.Node]:
 # control flow -> (its name, the positions of its graph operands)
 CONTROL_FLOW = {torch.ops.higher_order.while_loop: ("torch.while_loop", (0, 1)),
                 torch.ops.higher_order.cond: ("torch.cond", (1, 2))}
-# the UnsupportedOp ``op`` of control flow that cannot be compiled whole:
+# the UnsupportedOp ``op`` of control flow compiled code cannot hold (``fallback="all"``):
 # ``compile_model`` runs the program in the host program, for the reason the error gives
 RUNS_IN_HOST = "control flow"
 
@@ -359,6 +359,7 @@ def _place_control_flow(loop: torch.fx.Node, policy: PlacementPolicy, verdicts: 
             control flow), a higher-order op other than a loop or a cond inside, or the
             node itself moved to ATen by recovery."""
     prefix = prefix or loop.name
+
     def host(why: str) -> UnsupportedOp:
         return UnsupportedOp(f"{loop.name} ({CONTROL_FLOW[loop.target][0]}) runs in the host "
                              f"program: {why}", op=RUNS_IN_HOST, location=node_location(loop))

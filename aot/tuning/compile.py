@@ -144,7 +144,7 @@ def _compile_model(imported: ImportedProgram, target: Target, policy: PlacementP
         # boundary cannot take, the whole program runs as one ATen region
         discard_dump(e)
         if isinstance(e, UnsupportedOp) and e.op == RUNS_IN_HOST:
-            log.info("%s", first)  # a loop that cannot be compiled whole: as control flow is
+            log.info("%s", first)  # control flow compiled code cannot hold: no warning
             return host_artifact(imported, target, policy, first[:400], t0)
         if isinstance(e, CompileFailed):
             why = f"IREE could not compile it, however split ({first})"
