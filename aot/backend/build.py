@@ -7,6 +7,7 @@ from __future__ import annotations
 import hashlib
 import re
 import time
+from importlib.metadata import version
 
 import torch
 
@@ -153,7 +154,6 @@ def _manifest(imported: ImportedProgram, target: Target, policy: PlacementPolicy
 
 def iree_version() -> str:
     try:
-        from importlib.metadata import version
         return version("iree-base-compiler")
     except Exception:
         return "unknown"

@@ -19,8 +19,11 @@ import os
 import platform
 from dataclasses import dataclass
 
+import iree.runtime as rt
 import torch
 import torch.fx
+import torch.utils._pytree as pytree
+from torch.fx.experimental.proxy_tensor import make_fx
 from torch.fx.node import map_aggregate
 
 from .coverage import _probe_graph
@@ -321,8 +324,6 @@ def start_prefetch(nodes: list[torch.fx.Node], target: Target, cache: CostCache)
 def _time_functions(vmfb: bytes, graphs: dict[int, torch.fx.Graph], target: Target,
                     device: str) -> list[float]:
     """Time function ``op<i>`` of ``vmfb`` for each ``i, graph`` of ``graphs``."""
-    import iree.runtime as rt
-
     hal = get_device(target.driver)
     instance = rt.VmInstance()
     module = rt.VmModule.copy_buffer(instance, vmfb)
@@ -381,9 +382,6 @@ def measure_decomposed(nodes: list[torch.fx.Node], decompositions: dict, target:
 def _decomposed(node: torch.fx.Node, decomposition, device: str
                 ) -> tuple[float, torch.fx.Graph]:
     """``(ATen kernel's median ms, the decomposition traced as a one-op-like graph)``."""
-    import torch.utils._pytree as pytree
-    from torch.fx.experimental.proxy_tensor import make_fx
-
     vals = map_aggregate(node.args, lambda a: a.meta.get("val") if isinstance(a, torch.fx.Node) else a)
     args = map_aggregate(vals, lambda v: _real(v, device))
     op = node.target._schema.name

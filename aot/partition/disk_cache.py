@@ -14,6 +14,8 @@ import os
 import re
 import threading
 
+import iree.compiler.version as iree_compiler_version
+
 from ..toolchain.targets import Target
 
 __all__ = ["JsonCache"]
@@ -25,12 +27,12 @@ class JsonCache:
     """``{signature: record}`` in ``<dir>/<kind>-<iree version>-<target>-<hash>.json``."""
 
     def __init__(self, kind: str, target: Target, key: str = "", directory: str | None = None):
-        import iree.compiler.version as v
         directory = directory or os.environ.get("AOT_CACHE_DIR") or os.path.join(
             os.path.expanduser("~"), ".cache", "aot")
         via = "" if target.via == "torch" else f" via={target.via}"  # coverage differs per path
         digest = hashlib.sha256((" ".join(target.flags) + via + key).encode()).hexdigest()[:12]
-        ver = getattr(v, "VERSION", getattr(v, "PACKAGE_SUFFIX", "unknown"))
+        ver = getattr(iree_compiler_version, "VERSION",
+                      getattr(iree_compiler_version, "PACKAGE_SUFFIX", "unknown"))
         name = re.sub(r"[^\w.-]", "_", target.name)  # cpu:aarch64-linux-gnu
         self.path = os.path.join(directory, f"{kind}-{ver}-{name}-{digest}.json")
         try:

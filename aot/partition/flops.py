@@ -7,6 +7,7 @@ import contextlib
 import torch
 import torch.fx
 from torch.fx.node import map_aggregate
+from torch.utils.flop_counter import FlopCounterMode, flop_registry
 
 from ..importer.dynamic import is_symbolic_value, meta_at_hints
 from .signatures import op_signature
@@ -23,7 +24,6 @@ def _may_count(op: torch._ops.OpOverload) -> bool:
     """Whether running ``op`` can reach a FLOP formula: it has one, or it decomposes into
     other ops (``conv2d`` into ``convolution``). Elementwise ops have none: not run (a
     compile asks about every node, and running each on fake tensors adds up)."""
-    from torch.utils.flop_counter import flop_registry
     return op.overloadpacket in flop_registry or op.has_kernel_for_dispatch_key(
         torch._C.DispatchKey.CompositeImplicitAutograd)
 
@@ -49,7 +49,6 @@ def node_flops(node: torch.fx.Node) -> int | None:
 
 
 def _count(op, vals, kw, fake_mode, symbolic: bool) -> int | None:
-    from torch.utils.flop_counter import FlopCounterMode
     try:
         if symbolic:
             # a dynamic program: counted at the example's sizes, on meta tensors, so
