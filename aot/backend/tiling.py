@@ -39,6 +39,7 @@ import torch
 
 from ..importer.program import ImportedProgram
 from ..forms.conv_rewrites import as_matmul
+from ..partition.decisions import flat_ops
 from ..partition.flops import node_flops
 from ..partition.placement import PlacementPolicy
 from ..toolchain.targets import Target
@@ -55,11 +56,9 @@ _ATTENTION = {torch.ops.aten.scaled_dot_product_attention.default}
 def _matmul_share(imported: ImportedProgram, convs: bool) -> float:
     """The share of heavy FLOPs in matmul-family ops, attention (compiled as two
     matmuls: ``attention_rewrites``) among them, and convolutions compiled as matmuls,
-    with ``convs``."""
+    with ``convs``; the ops inside control flow counted once each."""
     total = mm = 0.0
-    for n in imported.exported.graph.nodes:
-        if n.op != "call_function":
-            continue
+    for n in flat_ops(imported.exported):  # a loop's body too
         f = node_flops(n) or 0
         total += f
         if isinstance(n.target, torch._ops.OpOverload) and \
@@ -83,5 +82,4 @@ def worth_tiling(imported: ImportedProgram, target: Target, policy: PlacementPol
 
 
 def _has_attention(imported: ImportedProgram) -> bool:
-    return any(n.op == "call_function" and n.target in _ATTENTION
-               for n in imported.exported.graph.nodes)
+    return any(n.target in _ATTENTION for n in flat_ops(imported.exported))

@@ -43,8 +43,8 @@ from ..toolchain.targets import Target
 from .cost import CROSSING_MS, CostCache, measure_decomposed, measure_nodes, start_prefetch
 from ..fallback.quantized_ops import NAMESPACE
 
-__all__ = ["Decisions", "decide", "is_assert", "op_nodes", "inner_ops", "CONTROL_FLOW",
-           "RUNS_IN_HOST"]
+__all__ = ["Decisions", "decide", "is_assert", "op_nodes", "inner_ops", "flat_ops",
+           "CONTROL_FLOW", "RUNS_IN_HOST"]
 log = logging.getLogger(__name__)
 _MAX_DECOMPOSITION_ROUNDS = 4
 
@@ -133,9 +133,9 @@ def inner_ops(node: torch.fx.Node) -> list[torch.fx.Node]:
             for n in _ops(getattr(owner, node.args[i].target).graph)]
 
 
-def _probed(ep) -> list[torch.fx.Node]:
-    """The ops whose coverage decides placement: every op, control flow's (nested too)
-    as its own."""
+def flat_ops(ep) -> list[torch.fx.Node]:
+    """Every op of the program, the ops inside its control flow (nested too) in place of
+    the control flow: the ops whose coverage decides placement."""
     def flat(nodes):
         for n in nodes:
             if n.target in CONTROL_FLOW:
@@ -155,7 +155,7 @@ def _decompose_uncovered(ep, target, policy, cache, kept: dict, prefetch=None, a
     """
     tried: set = set()
     for _ in range(_MAX_DECOMPOSITION_ROUNDS):
-        nodes = [n for n in _probed(ep) if isinstance(n.target, torch._ops.OpOverload)
+        nodes = [n for n in flat_ops(ep) if isinstance(n.target, torch._ops.OpOverload)
                  and not matches_forced(n.target, policy.fallback_ops)]
         verdicts = probe_nodes(nodes, target, cache, prefetch, assume)
         table = {}
@@ -195,7 +195,7 @@ def _decompose_uncovered(ep, target, policy, cache, kept: dict, prefetch=None, a
                      "kernel calls", sorted(map(op_name, table)))
             return ep, verdicts
         ep = decomposed
-    return ep, probe_nodes([n for n in _probed(ep) if isinstance(n.target, torch._ops.OpOverload)],
+    return ep, probe_nodes([n for n in flat_ops(ep) if isinstance(n.target, torch._ops.OpOverload)],
                            target, cache, prefetch, assume)
 
 

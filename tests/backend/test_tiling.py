@@ -52,6 +52,27 @@ def test_convolution_programs_get_one_under_coverage_only():
     assert worth_tiling(imp, cpu, PlacementPolicy("auto", (), "coverage"))
 
 
+class MlpLoop(torch.nn.Module):
+    """The MLP's linears inside a loop: its only heavy ops are the loop body's."""
+
+    def __init__(self):
+        super().__init__()
+        self.mlp = Mlp()
+
+    def forward(self, x):
+        def cond_fn(i, h):
+            return i < 3
+
+        def body_fn(i, h):
+            return i + 1, self.mlp(h)
+        return torch._higher_order_ops.while_loop(cond_fn, body_fn, (torch.tensor(0), x))[1]
+
+
+def test_a_loop_of_matmuls_gets_one_too():
+    imp = _imported(MlpLoop(), torch.randn(4, 64))
+    assert worth_tiling(imp, get_target("cpu"), PlacementPolicy())
+
+
 class ConvAttention(ConvNet):
     """Convolutions, then attention over the feature map's positions (MobileViT's
     shape): the convolutions carry most FLOPs."""
