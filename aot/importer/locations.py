@@ -10,8 +10,10 @@ import torch.fx
 __all__ = ["node_location", "frame_location"]
 
 _FRAME = re.compile(r'File "([^"]+)", line ([0-9]+)')
-# Frames inside these packages are never the user's line.
-_LIBRARY_MARKERS = (os.sep + "torch" + os.sep, os.sep + "aot" + os.sep + "importer" + os.sep)
+# Frames inside these packages are never the user's line, nor code FX generated (a
+# control-flow body's trace ends in its traced graph's ``<eval_with_key>`` code).
+_LIBRARY_MARKERS = (os.sep + "torch" + os.sep, os.sep + "aot" + os.sep + "importer" + os.sep,
+                    "<eval_with_key>")
 
 
 def node_location(node: torch.fx.Node) -> str | None:

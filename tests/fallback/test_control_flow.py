@@ -67,6 +67,8 @@ def test_a_loop_of_ops_iree_lowers_is_compiled_whole(tmp_path):
     rows = {p["node"]: p for p in cm.manifest.placements}
     body = [p for k, p in rows.items() if k.startswith("while_loop.")]
     assert {p["op"] for p in body} >= {"aten.linear.default", "aten.tanh.default"}
+    # the user's line (the loop's), not the code FX generated for the body
+    assert all("test_control_flow.py" in p["location"] for p in body), body
     assert all(p["where"] == "compiled" for p in rows.values())
     path = str(tmp_path / "loop.aot")
     cm.save(path)
