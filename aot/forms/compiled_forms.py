@@ -31,6 +31,7 @@ import torch.utils._pytree as pytree
 from torch._subclasses.fake_tensor import FakeTensor
 
 from ..importer.dynamic import is_symbolic_value
+from ..importer.fx_import import copy_graph
 from .attention_rewrites import attention_as_matmuls
 from .conv_rewrites import conv_as_matmul, depthwise_as_nhwc, depthwise_as_shifts
 from .linear_rewrites import linear_as_2d
@@ -95,15 +96,9 @@ def apply(graph: torch.fx.Graph, named: bool = False, portable: bool = False
     stand-in node whose value is a fake tensor of it (in the fake mode of the op's own
     values) and whose ``env`` entry is the tensor itself, so a form that reorders a
     weight reorders the tensor once, here."""
-    g = torch.fx.Graph()
-    env: dict = {}
     scratch = torch.fx.Graph()  # the stand-ins and the ops as ``emit`` reads them
-    for node in graph.nodes:
-        new = None
-        if node.op == "call_function" and not _is_kernel_call(node):
-            new = emit(_reading_nodes(node, scratch, env), g, env, named, portable)
-        env[node] = new if new is not None else g.node_copy(node, lambda n: env[n])
-    return g
+    return copy_graph(graph, lambda node, g, env: None if _is_kernel_call(node) else emit(
+        _reading_nodes(node, scratch, env), g, env, named, portable))
 
 
 def _is_kernel_call(node: torch.fx.Node) -> bool:

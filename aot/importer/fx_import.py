@@ -30,7 +30,7 @@ from .._mlir import FxImporter, FxImporterHooks, RefTracker, ir, new_context
 from ..manifest import PARAMETER_SCOPE
 from .cond_import import NodeImporter
 
-__all__ = ["stateless_graph", "import_graph", "import_graphs", "NodeRewrite", "DROP",
+__all__ = ["stateless_graph", "copy_graph", "import_graph", "import_graphs", "NodeRewrite", "DROP",
            "Parameters", "PARAMETER_SCOPE", "PARAMETER_MIN_BYTES"]
 
 PARAMETER_MIN_BYTES = 4096  # smaller weights (biases, norms' scales) stay in the code
@@ -71,6 +71,19 @@ def stateless_graph(ep: torch.export.ExportedProgram,
                 env[node] = None
                 continue
             env[node] = new if new is not None else _copy(node, g, env)
+    return g
+
+
+def copy_graph(graph: torch.fx.Graph, rewrite: NodeRewrite) -> torch.fx.Graph:
+    """A copy of ``graph`` whose call nodes ``rewrite`` may replace (or ``DROP``), the
+    others copied as they are; ``env`` maps each node of ``graph`` to its new value."""
+    g, env = torch.fx.Graph(), {}
+    for node in graph.nodes:
+        new = rewrite(node, g, env) if node.op == "call_function" else None
+        if new is DROP:
+            env[node] = None
+            continue
+        env[node] = new if new is not None else g.node_copy(node, lambda n: env[n])
     return g
 
 

@@ -322,29 +322,38 @@ def _place(ep, policy: PlacementPolicy, verdicts: dict[str, Verdict], demoted: d
                                         decided[n][1], node_location(n), None))
             placements.extend(rows)
             continue
-        if not isinstance(n.target, torch._ops.OpOverload):
-            where, why = COMPILED, "symbolic scalar arithmetic (always compiled)"
-        elif policy.fallback == "all":
+        if policy.fallback == "all" and isinstance(n.target, torch._ops.OpOverload):
             where, why = KERNEL_CALL, "fallback='all'"
-        elif matches_forced(n.target, policy.fallback_ops):
-            where, why = KERNEL_CALL, "forced by fallback_ops"
-        elif n.name in demoted:
-            where, why = KERNEL_CALL, ("lowers alone, but IREE failed on it fused with its "
-                                       f"neighbours: {demoted[n.name]}")
-        elif (fault := iree_fault(n, user_inputs, via)) is not None:
-            where, why = KERNEL_CALL, fault
         else:
-            v = verdicts[op_signature(n)]
-            where, why = (COMPILED, "lowered by IREE") if v.covered else (KERNEL_CALL, v.reason)
-            if not v.covered and n.target in (kept or {}):
-                why = kept[n.target]
-            cost = (costs or {}).get(op_signature(n))
-            if v.covered and cost is not None and cost.aten_wins:
-                where, why, saving = KERNEL_CALL, cost.reason(), round(cost.saving_ms, 4)
+            where, why, saving = _where(n, n.name, policy, verdicts, demoted, user_inputs,
+                                        via, kept, costs)
         decided[n] = (where, why)
         placements.append(Placement(n.name, name, where, why, node_location(n), node_flops(n),
                                     saving_ms=saving))
     return placements, decided
+
+
+def _where(n: torch.fx.Node, row: str, policy: PlacementPolicy, verdicts: dict,
+           demoted: dict, user_inputs: set, via: str, kept: dict | None = None,
+           costs: dict | None = None) -> tuple[str, str, float | None]:
+    """``(where, why, measured saving)`` of op ``n``, whose placement row is ``row``
+    (the name recovery demotes it by), by the rules every op follows."""
+    if not isinstance(n.target, torch._ops.OpOverload):
+        return COMPILED, "symbolic scalar arithmetic (always compiled)", None
+    if matches_forced(n.target, policy.fallback_ops):
+        return KERNEL_CALL, "forced by fallback_ops", None
+    if row in demoted:
+        return KERNEL_CALL, ("lowers alone, but IREE failed on it fused with its "
+                             f"neighbours: {demoted[row]}"), None
+    if (fault := iree_fault(n, user_inputs, via)) is not None:
+        return KERNEL_CALL, fault, None
+    v = verdicts[op_signature(n)]
+    if not v.covered:
+        return KERNEL_CALL, (kept or {}).get(n.target, v.reason), None
+    cost = (costs or {}).get(op_signature(n))
+    if cost is not None and cost.aten_wins:
+        return KERNEL_CALL, cost.reason(), round(cost.saving_ms, 4)
+    return COMPILED, "lowered by IREE", None
 
 
 def _place_control_flow(loop: torch.fx.Node, policy: PlacementPolicy, verdicts: dict,
@@ -371,7 +380,6 @@ def _place_control_flow(loop: torch.fx.Node, policy: PlacementPolicy, verdicts: 
     for b in inner_ops(loop):
         what = f"its op {b.name} ({op_name(b.target)}, {node_location(b) or 'unknown location'})"
         row = f"{prefix}.{b.name}"
-        where = KERNEL_CALL
         if b.target in CONTROL_FLOW:
             inner = _place_control_flow(b, policy, verdicts, demoted, user_inputs, via,
                                         decided, row)
@@ -380,20 +388,11 @@ def _place_control_flow(loop: torch.fx.Node, policy: PlacementPolicy, verdicts: 
                                   node_location(b), None))
             rows.extend(inner)
             continue
-        if not isinstance(b.target, torch._ops.OpOverload):
-            if isinstance(b.target, torch._ops.HigherOrderOperator):
-                raise host(f"{what} is a higher-order op compiled code does not take")
-            where, why = COMPILED, "symbolic scalar arithmetic (always compiled)"
-        elif matches_forced(b.target, policy.fallback_ops):
-            why = "forced by fallback_ops"
-        elif row in demoted:
-            why = f"lowers alone, but IREE failed on it fused with its neighbours: {demoted[row]}"
-        elif (fault := iree_fault(b, user_inputs, via)) is not None:
-            why = fault
-        elif not verdicts[op_signature(b)].covered:
-            why = verdicts[op_signature(b)].reason
-        else:
-            where, why = COMPILED, f"lowered by IREE, in {loop.name}"
+        if isinstance(b.target, torch._ops.HigherOrderOperator):
+            raise host(f"{what} is a higher-order op compiled code does not take")
+        where, why, _ = _where(b, row, policy, verdicts, demoted, user_inputs, via)
+        if why == "lowered by IREE":
+            why = f"lowered by IREE, in {loop.name}"
         decided[b] = (where, why)
         rows.append(Placement(row, op_name(b.target), where, why, node_location(b),
                               node_flops(b)))

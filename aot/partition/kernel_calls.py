@@ -22,7 +22,7 @@ from ..fallback.quantized_ops import QUANT_OPERANDS
 from ..fallback.spec import (GROUP_OP, KernelCallSpec, ScalarArg, StaticArg, TensorArg,
                              TensorListArg)
 from ..importer.dynamic import symbolic_sizes
-from ..importer.fx_import import DROP, stateless_graph
+from ..importer.fx_import import DROP, copy_graph, stateless_graph
 from ..importer.locations import node_location
 from ..torch_tensor import QuantParams, TorchTensor
 from .decisions import CONTROL_FLOW, is_assert
@@ -61,16 +61,10 @@ def rewrite_subgraph(gm: torch.fx.GraphModule, decided: dict, specs: list, node_
     its kernel calls as ``aot_kc`` placeholder calls, one each (no groups), their specs
     appended to ``specs`` (site numbers go on from the program's) and their keys to
     ``node_keys`` under ``<prefix>.<node>``, the name of the op's placement row."""
-    g, env, keys = torch.fx.Graph(), {}, {}
+    keys: dict = {}
     none = Grouping({}, {}, frozenset())
-    for node in gm.graph.nodes:
-        new = None
-        if node.op == "call_function":
-            new = _rewrite(node, g, env, decided, specs, none, keys, consts)
-        if new is DROP:
-            env[node] = None
-            continue
-        env[node] = new if new is not None else g.node_copy(node, lambda n: env[n])
+    g = copy_graph(gm.graph, lambda node, g, env: _rewrite(node, g, env, decided, specs, none,
+                                                           keys, consts))
     node_keys.update({f"{prefix}.{k}": v for k, v in keys.items()})
     new = torch.fx.GraphModule(gm, g)
     for node in gm.graph.nodes:  # control flow nested in it
