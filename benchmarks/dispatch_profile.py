@@ -50,8 +50,9 @@ def _tool(name: str) -> str:
     return path
 
 
-def compiled_program(name: str, placement: str, flags: list[str]):
-    """``(mlir, target, example)`` of bench model ``name``, partitioned as aot.compile does."""
+def compiled_program(name: str, placement: str, flags: list[str], portable: bool = False):
+    """``(mlir, target, example)`` of bench model ``name``, partitioned as aot.compile does
+    (``portable``: ops as written, without the compiled forms)."""
     import torch  # noqa: F401
     from aot.importer import import_model
     from aot.passes.prepare import prepare
@@ -69,7 +70,7 @@ def compiled_program(name: str, placement: str, flags: list[str]):
     imported, _ = prepare(import_model(model, example), policy)
     # a module IREE's own tools run: its weights inline, not parameters aot's runtime serves
     target = dataclasses.replace(get_target("cpu", tuple(flags)), parameters=False)
-    p = lower(partition(imported, target, policy))
+    p = lower(partition(imported, target, policy), portable=portable)
     calls = [f"{pl.op} ({pl.reason})" for pl in p.placements if pl.where != "compiled"]
     if calls:
         raise SystemExit(f"dispatch_profile: {name} has kernel calls under placement="
@@ -109,8 +110,8 @@ def _kind(fn: str) -> str:
 
 
 def profile(name: str, placement: str, flags: list[str], calls: int, sources: str | None,
-            run_flags: list[str] = ()) -> dict:
-    mlir, target, example = compiled_program(name, placement, flags)
+            run_flags: list[str] = (), portable: bool = False) -> dict:
+    mlir, target, example = compiled_program(name, placement, flags, portable)
     work = tempfile.mkdtemp(prefix="aot-dispatch-profile-")
     try:
         src, vmfb = os.path.join(work, "model.mlir"), os.path.join(work, "model.vmfb")
@@ -171,10 +172,13 @@ def main(argv=None) -> int:
     ap.add_argument("--top", type=int, default=25, help="slowest dispatches listed")
     ap.add_argument("--sources", help="dump every dispatch's code into this folder")
     ap.add_argument("--json", help="also write the whole result as JSON here")
+    ap.add_argument("--as-written", action="store_true",
+                    help="compile the ops as written (no compiled forms), as the portable "
+                         "exports do: convolutions stay linalg convolutions")
     a = ap.parse_args(argv)
     if a.placement not in ("coverage", "auto"):
         raise SystemExit("dispatch_profile: --placement is coverage or auto")
-    r = profile(a.model, a.placement, a.flag, a.calls, a.sources, a.run_flag)
+    r = profile(a.model, a.placement, a.flag, a.calls, a.sources, a.run_flag, a.as_written)
     print(table(r, a.top))
     if a.json:
         with open(a.json, "w") as f:

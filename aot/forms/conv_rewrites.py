@@ -57,7 +57,8 @@ from torch._subclasses.fake_tensor import FakeTensor
 from .rewrite_nodes import emit_node as _emit, shadow, source_meta
 from ..toolchain.linalg_kernels import depthwise_nhwc, im2col
 
-__all__ = ["conv_as_matmul", "depthwise_as_nhwc", "depthwise_as_shifts", "as_matmul"]
+__all__ = ["conv_as_matmul", "depthwise_as_nhwc", "depthwise_as_shifts", "as_matmul",
+           "is_depthwise"]
 
 aten = torch.ops.aten
 # depthwise kernels shifted: up to 5x5 (any stride); up to 7x7 where the output is at
@@ -105,6 +106,14 @@ def _plan(n: torch.fx.Node) -> dict | None:
     if c["k"] == (1, 1) and c["padding"] == [0, 0]:
         return {"k": (1, 1), "stride": c["stride"], "padding": [0, 0]}
     return {"k": c["k"], "stride": c["stride"], "padding": c["padding"]}
+
+
+def is_depthwise(n: torch.fx.Node) -> bool:
+    """Whether ``n`` is a depthwise conv2d: one filter per input channel, more than one
+    channel."""
+    c = _conv(n)
+    return c is not None and c["groups"] > 1 and int(c["x"].shape[1]) == c["groups"] \
+        and int(c["w"].shape[1]) == 1
 
 
 def as_matmul(n: torch.fx.Node) -> bool:

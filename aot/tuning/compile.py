@@ -39,7 +39,7 @@ from .regions import (Race, aten_candidates, aten_far_ahead, choose_region, may_
 from .specialize import specialize, worth_specializing
 from ..toolchain.targets import Target
 from ..toolchain.tiling_flags import DYNAMIC_UNSAFE, safe_for_dynamic, tiled_target
-from ..backend.tiling import worth_tiling
+from ..backend.tiling import depthwise_network, worth_tiling
 from ..toolchain.stablehlo import to_stablehlo
 
 __all__ = ["compile_model", "program_target", "stablehlo_module"]
@@ -50,7 +50,8 @@ COVERAGE_MAX_CALLS = 8
 # a static program worth tiling with this many GFLOP in heavy ops or more: only its
 # data-tiled variant is compiled (``_tiled_alone``); a smaller one has the per-op program
 # compiled beside it and raced, where the two come within noise of each other more often
-# (the bound's measurements: benchmarks/results/cpu-epyc-2core/compile-time-session14-levit)
+# (the bound's measurements: benchmarks/results/cpu-epyc-2core/compile-time-session14-levit).
+# A depthwise network worth tiling is compiled alone at any size (``tiling``'s docstring)
 TILED_ALONE_GFLOP = 0.5
 # ...and with this many or more (ATen's calls a tenth of a second or longer), its heavy
 # ops are timed in ATen first: the ATen regions' floors may then leave them untimed
@@ -338,7 +339,7 @@ def _tiled_alone(imported: ImportedProgram, target: Target, policy: PlacementPol
     """``(artifact, failed, ATen-region candidates)``: the fastest of the data-tiled
     variant and the ATen regions, the per-op placement neither measured nor compiled,
     for a static program worth tiling (``worth_tiling``) with ``TILED_ALONE_GFLOP`` or
-    more in heavy ops. Its artifact is None for any other program, or where the variant
+    more in heavy ops, or a depthwise network (``tiling.depthwise_network``). Its artifact is None for any other program, or where the variant
     fails to compile or to run: the caller then places and compiles it as any program,
     without the variant where its partition compiles the same ops (``failed``: those
     op nodes; IREE 3.13 fails ConvNeXt-T's at batch 1 on a dispatch's stack size) and
@@ -360,7 +361,8 @@ def _tiled_alone(imported: ImportedProgram, target: Target, policy: PlacementPol
         return None, None, None
     heavy = heavy_nodes(imported.exported)
     gflop = sum(node_flops(n) or 0 for n in heavy) / 1e9
-    if gflop < TILED_ALONE_GFLOP:
+    depthwise = depthwise_network(imported)
+    if gflop < TILED_ALONE_GFLOP and not depthwise:
         return None, None, None
     costs = None
     if gflop >= ATEN_FLOOR_GFLOP:  # before the compile starts: timed on an idle machine
@@ -375,7 +377,9 @@ def _tiled_alone(imported: ImportedProgram, target: Target, policy: PlacementPol
         arts = pending.result()
     if arts and assumed is not None:
         assumed.confirm(variant[1].placements, target)
-    why = (f"the per-op placement was not compiled: in a program worth tiling with {gflop:.1f} "
+    why = ("the per-op placement was not compiled: in a depthwise network worth tiling, the "
+           "data-tiled variant outruns it" if depthwise and gflop < TILED_ALONE_GFLOP else
+           f"the per-op placement was not compiled: in a program worth tiling with {gflop:.1f} "
            f"GFLOP in heavy ops ({TILED_ALONE_GFLOP} or more), the data-tiled variant outruns it")
     art = choose_region(None, imported, target, policy, example, arts, aten,
                         not_compiled={"iree": why}, costs=costs) if arts else None

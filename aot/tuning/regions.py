@@ -25,6 +25,9 @@ per invocation and per crossing can exceed what its code saves.
 - ``iree-tiled`` (CPU, programs whose heavy FLOPs are mostly matmuls): the program
   partitioned as ``placement="coverage"`` and compiled with data tiling and
   microkernels (``aot.backend.tiling``); its own placements go into the manifest;
+- ``iree-tiled-sync``: the ``iree-tiled`` artifact on ``local-sync`` (CPU, where the
+  target's driver is ``local-task``): its dispatches on the calling thread, which on
+  few cores wins where a program is many small dispatches;
 - ``iree-coverage`` (programs whose per-op placement put a few ops in ATen only
   because each measured faster there, priced at the crossings alone: not on IREE's
   CPU task workers, ``compile._coverage_wanted``): the program
@@ -251,6 +254,12 @@ def choose_region(per_op: CompiledArtifact | None, imported: ImportedProgram, ta
             cands["iree-one-thread"] = per_op.with_manifest(
                 executor={**executor, "one_thread_calls": keys})
     cands.update(variants or {})
+    tiled = cands.get("iree-tiled")
+    if tiled is not None and target.driver == "local-task" and _small(imported):
+        # the tiled code on the calling thread: no wake-up of IREE's workers around each
+        # dispatch, which on few cores can cost more than the second core saves on a
+        # program of many small dispatches (MobileNetV3-Small: 1.37 ms against 1.69)
+        cands["iree-tiled-sync"] = tiled.with_manifest(driver="local-sync")
     cands.update(aten_candidates(imported, target) if aten is None else aten)
     key = program_key(imported, target, cands)
     region = _pinned(policy.plan, cands) or _cached(key, cands, target)
@@ -288,7 +297,8 @@ def choose_region(per_op: CompiledArtifact | None, imported: ImportedProgram, ta
     region["key"] = key
     log.info("region placement: %s", region)
     best = region["chosen"]
-    if best in ("iree", "iree-sync", "iree-one-thread") or best in (variants or {}):
+    if best in ("iree", "iree-sync", "iree-one-thread", "iree-tiled-sync") \
+            or best in (variants or {}):
         # a variant was partitioned on its own (as placement="coverage"):
         # its placements, not the per-op ones, say where its ops run
         return _with_region(cands[best], region, cands[best].manifest.placements, policy)
@@ -400,7 +410,8 @@ def aten_far_ahead(imported: ImportedProgram, target: Target, policy: PlacementP
 
 
 # the fixed order near-ties are settled in: the per-op placement first, then the simpler regions
-_ORDER = ["iree", "iree-sync", "iree-one-thread", "iree-tiled", "iree-coverage", "aten", "aten-prepacked", "aten-channels-last"]
+_ORDER = ["iree", "iree-sync", "iree-one-thread", "iree-tiled", "iree-tiled-sync", "iree-coverage",
+          "aten", "aten-prepacked", "aten-channels-last"]
 _RULE = 6  # the decision rule's version, part of the cache key
 _CONFIDENCE = 2.0  # a lead counts when it exceeds this many standard errors of the difference
 
@@ -804,8 +815,19 @@ def _time_candidates(cands: dict[str, CompiledArtifact], example, target: Target
     return _stats(samples)
 
 
-# executor variants of the per-op artifact: its code and kernel calls, other threads
-_SIBLINGS = {"iree-sync": "iree", "iree-one-thread": "iree"}
+SYNC_MAX_GFLOP = 0.5  # heavy ops of a program whose tiled code is also timed on one thread
+
+
+def _small(imported: ImportedProgram) -> bool:
+    """Under ``SYNC_MAX_GFLOP`` in heavy ops (a few milliseconds on two cores), where the
+    dispatches' hand-offs to IREE's workers can outweigh the second core; on larger
+    programs the single-threaded calls would only lengthen the race."""
+    return sum(node_flops(n) or 0 for n in heavy_nodes(imported.exported)) < SYNC_MAX_GFLOP * 1e9
+
+
+# executor variants of an IREE candidate (the per-op artifact, the tiled one): its code and
+# kernel calls, other threads
+_SIBLINGS = {"iree-sync": "iree", "iree-one-thread": "iree", "iree-tiled-sync": "iree-tiled"}
 # the most a sibling can save per kernel call: the hand-off to torch's threads and back
 # and their spinning against IREE's workers (``cost.HANDOFF_MS`` is the typical cost)
 _SIBLING_GAIN_MS = 2.0

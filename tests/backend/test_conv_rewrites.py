@@ -168,7 +168,7 @@ def shifts(monkeypatch):
 ])
 def test_depthwise_conv_as_named_channels_last_conv_gives_eagers_values(k, stride, pad, bias, hw):
     """On the CPU a strided or larger than 3x3 depthwise convolution is IREE's named
-    channels-last one between permutations, behind optimisation barriers."""
+    channels-last one between permutations, in a dispatch region of its own."""
     torch.manual_seed(0)
     m = torch.nn.Conv2d(6, 6, k, stride=stride, padding=pad, groups=6, bias=bias).eval()
     x = torch.randn(2, 6, *hw)
@@ -176,7 +176,8 @@ def test_depthwise_conv_as_named_channels_last_conv_gives_eagers_values(k, strid
                         "coverage")))
     assert "torch.aten.conv2d" not in p.mlir and "aot_cc" in p.mlir
     assert p.mlir.count("linalg.depthwise_conv_2d_nhwc_hwc") == 1
-    assert p.mlir.count("util.optimization_barrier") == 3
+    assert p.mlir.count("flow.dispatch.region") == 1
+    assert "util.optimization_barrier" not in p.mlir
     cm = aot.compile(m, (x,), placement="coverage")
     assert {pl["where"] for pl in cm.manifest["placements"]} == {"compiled"}
     with torch.no_grad():
@@ -215,6 +216,29 @@ def test_two_depthwise_convs_of_one_signature_share_one_kernel_function():
     cm = aot.compile(m, (x,), placement="coverage")
     with torch.no_grad():
         torch.testing.assert_close(cm(x), m(x), rtol=1e-5, atol=1e-5)
+
+
+def test_depthwise_convs_run_in_one_submission_without_host_waits():
+    """The named convolution stays a dispatch of its own (not folded with its
+    permutations into a generic convolution), and the program is one submission: no
+    host round trip between the dispatches (an optimisation barrier made two per
+    convolution)."""
+    import dataclasses
+
+    from aot.toolchain.iree_compile import try_compile
+    m = torch.nn.Sequential(torch.nn.Conv2d(8, 8, 5, padding=2, groups=8), torch.nn.Hardswish(),
+                            torch.nn.Conv2d(8, 8, 3, 2, 1, groups=8), torch.nn.ReLU()).eval()
+    x = torch.randn(1, 8, 12, 12)
+    target = get_target("cpu")
+    p = lower(partition(import_model(m, (x,)), target, PlacementPolicy("auto", (), "coverage")))
+    stream, diag = try_compile(p.mlir, dataclasses.replace(
+        target, flags=(*target.flags, "--compile-to=stream")))
+    assert stream is not None, diag
+    main = stream.decode().split("util.func public @main$async(", 1)[1].split("util.func", 1)[0]
+    dispatches = re.findall(r"stream\.cmd\.dispatch @\S+::@(\S+?)[ (]", main)
+    assert sum("depthwise_conv_2d_nhwc_hwc" in d for d in dispatches) == 2, dispatches
+    assert main.count("stream.cmd.execute") == 1
+    assert "stream.timepoint.await" not in main
 
 
 @pytest.mark.parametrize("k,stride,pad,bias,hw", [
