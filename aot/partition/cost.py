@@ -40,6 +40,7 @@ from ..forms.compiled_forms import FORMS, apply as apply_forms
 from ..runtime.device import get_device, torch_to_buffer_view
 from ..fallback.quantized_ops import PREPACKED
 from ..fallback.prepack import _CONV_ARGS, _mkl_linear_available, available
+from ..fallback.prepack import VERSION as PREPACK
 
 __all__ = ["Cost", "CostCache", "LocalCosts", "measure_aten", "measure_nodes", "measure_packed",
            "measure_decomposed", "start_prefetch", "Prefetch", "MIN_FLOPS", "CROSSING_MS", "HANDOFF_MS", "handoff_ms", "Floor",
@@ -158,9 +159,11 @@ class CostCache(JsonCache):
     """Measurements on disk, one JSON file per machine, IREE version, target and flags."""
 
     def __init__(self, target: Target, directory: str | None = None):
-        # the compiled forms are part of the key: a measurement of an op's older
-        # compiled form (a convolution before ``conv_rewrites``) is not reused
-        super().__init__("cost", target, key=machine_key() + "|" + FORMS, directory=directory)
+        # the compiled forms and the prepacked kernels are part of the key: a
+        # measurement of an op's older compiled form (a convolution before
+        # ``conv_rewrites``) or older prepacked kernel (MKL's linear) is not reused
+        super().__init__("cost", target, key=f"{machine_key()}|{FORMS}|prepack{PREPACK}",
+                         directory=directory)
 
     def get(self, sig: str) -> Cost | None:
         d = self.data.get(sig)
@@ -482,7 +485,7 @@ def measure_packed(nodes: list[torch.fx.Node], cache: CostCache | LocalCosts) ->
 
 def _packed_ms(node: torch.fx.Node) -> float | None:
     """The CPU time of a float32 linear or 2-D convolution as the prepacked region runs
-    it (``aot.fallback.prepack``: MKL's packed linear, oneDNN's convolution on a
+    it (``aot.fallback.prepack``: oneDNN's linear, else MKL's packed one; oneDNN's convolution on a
     reordered weight and a channels-last input), or None where it packs no such op (a
     convolution of a 1x1 input runs as ``addmm`` there)."""
     vals = map_aggregate(node.args, lambda a: a.meta.get("val") if isinstance(a, torch.fx.Node) else a)
@@ -491,7 +494,13 @@ def _packed_ms(node: torch.fx.Node) -> float | None:
         return None
     x, w, b = [_real(v, "cpu") if isinstance(v, torch.Tensor) else v
                for v in (list(vals) + [None])[:3]]
-    if node.target is _aten.linear.default and w.dim() == 2 and _mkl_linear_available():
+    if node.target is _aten.linear.default and w.dim() == 2 and hasattr(
+            torch.ops.mkldnn, "_linear_pointwise"):
+        packed = torch.ops.mkldnn._reorder_linear_weight(w, x.numel() // x.shape[-1])
+
+        def fn():
+            torch.ops.mkldnn._linear_pointwise(x, packed, b, "none", [], "")
+    elif node.target is _aten.linear.default and w.dim() == 2 and _mkl_linear_available():
         batch = x.numel() // x.shape[-1]
         packed = torch.ops.mkl._mkl_reorder_linear_weight(w, batch)
 

@@ -64,7 +64,9 @@ def test_prepacked_region_matches_eager_and_fuses():
     fused = [f for f in plan.values() if isinstance(f, prepack.PackedConv)]
     assert sorted((f.unary, f.other_slot is not None) for f in fused) == [
         ("none", False), ("none", False), ("relu", False), ("relu", True)]
-    if prepack._mkl_linear_available():
+    if hasattr(torch.ops.mkldnn, "_linear_pointwise"):
+        assert kinds.count("OneDnnLinear") == 1
+    elif prepack._mkl_linear_available():
         assert kinds.count("PackedLinear") == 1
 
 
@@ -125,6 +127,42 @@ def test_contiguous_groups_pack_only_linears():
     with torch.no_grad():
         torch.testing.assert_close(packed(x), m(x), rtol=1e-4, atol=1e-4)
     assert not any(isinstance(f, prepack.PackedConv) for f in _fusions(packed).values())
+
+
+class Mlp(torch.nn.Module):
+    """A transformer's MLP on a 3-D input: linear -> activation -> linear, and a linear
+    whose result has a second reader (not fused)."""
+
+    def __init__(self, act):
+        super().__init__()
+        self.fc1, self.fc2, self.fc3 = (torch.nn.Linear(16, 64), torch.nn.Linear(64, 16),
+                                        torch.nn.Linear(16, 16, bias=False))
+        self.act = act
+
+    def forward(self, x):
+        h = self.fc3(self.fc2(self.act(self.fc1(x))))
+        return self.act(h) + h
+
+
+@pytest.mark.skipif(not hasattr(torch.ops.mkldnn, "_linear_pointwise"),
+                    reason="this torch build has no oneDNN linear")
+@pytest.mark.parametrize("name", ["gelu", "gelu_tanh", "silu", "relu6"])
+def test_linears_run_on_onednn_with_their_activation_fused(name):
+    act, attr = ACTIVATIONS[name]
+    torch.manual_seed(0)
+    m = Mlp(act).eval()
+    x = torch.randn(2, 5, 16) * 2
+    packed = _prepacked(m, x)
+    with torch.no_grad():
+        ref = m(x)
+        for _ in range(2):
+            # oneDNN accumulates in its own order and computes the activation on the
+            # accumulator: rounding only
+            torch.testing.assert_close(packed(x), ref, rtol=1e-4, atol=1e-4)
+    plan = _fusions(packed)
+    linears = sorted(f.unary for f in plan.values() if isinstance(f, prepack.OneDnnLinear))
+    assert linears == sorted([attr, "none", "none"])
+    assert sum(f is prepack.DEFERRED for f in plan.values()) == 1
 
 
 class Attention(torch.nn.Module):
