@@ -24,7 +24,8 @@ and the tiled matmuls pay, and in two kinds of network under the default placeme
 (elsewhere the convolution networks' ATen regions win anyway, and the variant would
 only add a large share to the compile time):
 
-- a program with attention between its convolutions (MobileViT): its linears and
+- a program with attention between its convolutions (MobileViT; EfficientFormer's
+  written out as ``softmax(q @ k^T) @ v``): its linears and
   attention are transformer blocks, which the tiled variant runs well, and it
   compiles the convolutions as matmuls with the same data tiling;
 - a depthwise network (``depthwise_network``: MobileNets, EfficientNets, ConvNeXt): its
@@ -91,8 +92,14 @@ def worth_tiling(imported: ImportedProgram, target: Target, policy: PlacementPol
     return _matmul_share(imported, convs=convs) >= MATMUL_SHARE
 
 
+_SOFTMAX = {torch.ops.aten.softmax.int, torch.ops.aten._softmax.default}
+
+
 def _has_attention(imported: ImportedProgram) -> bool:
-    return any(n.target in _ATTENTION for n in flat_ops(imported.exported))
+    """Attention as one op, or written out (a softmax: EfficientFormer's and LeViT's
+    ``softmax(q @ k^T) @ v``)."""
+    return any(n.target in _ATTENTION or n.target in _SOFTMAX
+               for n in flat_ops(imported.exported))
 
 
 def depthwise_network(imported: ImportedProgram) -> bool:

@@ -90,6 +90,48 @@ def test_a_program_with_attention_between_convolutions_gets_one_under_every_plac
     assert worth_tiling(imp, cpu, PlacementPolicy("auto", (), "coverage"))
 
 
+class ConvSoftmaxAttention(ConvNet):
+    """The same with the attention written out (EfficientFormer's, LeViT's)."""
+
+    def forward(self, x):
+        t = self.b(torch.relu(self.a(x))).flatten(2).transpose(1, 2)
+        return (torch.softmax(t @ t.transpose(1, 2) / 4.0, -1) @ t).mean(1)
+
+
+class Depthwise(torch.nn.Module):
+    """A MobileNet block: pointwise expand, depthwise, pointwise project."""
+
+    def __init__(self):
+        super().__init__()
+        self.a = torch.nn.Conv2d(32, 128, 1)
+        self.dw = torch.nn.Conv2d(128, 128, 5, 2, 2, groups=128)
+        self.b = torch.nn.Conv2d(128, 32, 1)
+
+    def forward(self, x):
+        return self.b(torch.relu(self.dw(torch.relu(self.a(x))))).mean((2, 3))
+
+
+def test_written_out_attention_and_depthwise_networks_get_one_under_every_placement():
+    from aot.backend.tiling import depthwise_network
+    cpu = get_target("cpu")
+    for m in (ConvSoftmaxAttention(), Depthwise()):
+        imp = _imported(m, torch.randn(1, 8 if isinstance(m, ConvNet) else 32, 16, 16))
+        assert worth_tiling(imp, cpu, PlacementPolicy()), type(m).__name__
+    assert depthwise_network(_imported(Depthwise(), torch.randn(1, 32, 16, 16)))
+    assert not depthwise_network(_imported(ConvSoftmaxAttention(), torch.randn(1, 8, 16, 16)))
+
+
+def test_a_depthwise_network_compiles_its_tiled_variant_alone_with_eagers_values():
+    torch.manual_seed(0)
+    m, x = Depthwise().eval(), torch.randn(1, 32, 56, 56)  # 26 MFLOP in its heavy ops
+    cm = aot.compile(m, (x,))
+    region = cm.manifest["region"]
+    assert "iree" in region["not_timed"] and "depthwise network" in region["not_timed"]["iree"]
+    assert {"iree-tiled", "iree-tiled-sync"} <= set(region["candidates_ms"])
+    with torch.no_grad():
+        torch.testing.assert_close(cm(x), m(x), rtol=1e-5, atol=1e-5)
+
+
 def test_never_for_the_round_trip_iree_default_or_the_users_own_flags():
     imp = _imported(Mlp(), torch.randn(4, 64))
     assert not worth_tiling(imp, get_target("cpu"), PlacementPolicy("all"))
