@@ -13,10 +13,11 @@ has kernel calls but no heavy ops gets every candidate too: IREE's fixed cost
 per invocation and per crossing can exceed what its code saves.
 
 - ``iree``: the per-op placement ``partition`` decided (IREE + kernel calls);
-- ``iree-sync`` (CPU, when that placement has both compiled code and kernel
-  calls): the same artifact on IREE's ``local-sync`` driver, whose dispatches
-  run on the calling thread, so no hand-off to worker threads around each
-  crossing (compiled code then runs on one thread);
+- ``iree-sync`` (CPU, when that placement has compiled code and kernel calls, or
+  compiled code alone in a small program, ``_small``): the same artifact on IREE's
+  ``local-sync`` driver, whose dispatches run on the calling thread, so no hand-off
+  to worker threads around each crossing or dispatch (compiled code then runs on one
+  thread);
 - ``iree-one-thread`` (CPU, the same condition, when some kernel call keeps torch's
   threads): the same artifact with every kernel call on the calling thread alone
   (``threads``). After a heavy call, torch's OpenMP team spins on the cores IREE's
@@ -242,13 +243,14 @@ def choose_region(per_op: CompiledArtifact | None, imported: ImportedProgram, ta
     cands = {} if per_op is None else {"iree": per_op}
     if per_op is not None and target.driver == "local-task" and any(
             pl["where"] == "compiled" for pl in per_op.manifest.placements) \
-            and per_op.manifest.kernel_calls:
+            and (per_op.manifest.kernel_calls or _small(imported)):
         # IREE's dispatches on the calling thread: no hand-off to worker threads
-        # around each kernel call, at the price of single-threaded compiled code
+        # around each kernel call or dispatch, at the price of single-threaded
+        # compiled code
         cands["iree-sync"] = per_op.with_manifest(driver="local-sync")
         keys = [k["key"] for k in per_op.manifest.kernel_calls]
         executor = per_op.manifest.executor or {}
-        if set(keys) - set(executor.get("one_thread_calls") or ()):
+        if keys and set(keys) - set(executor.get("one_thread_calls") or ()):
             # every kernel call on the calling thread alone, heavy ones too: torch's
             # OpenMP team then never spins on the cores IREE's workers run on
             cands["iree-one-thread"] = per_op.with_manifest(
