@@ -485,9 +485,9 @@ def measure_packed(nodes: list[torch.fx.Node], cache: CostCache | LocalCosts) ->
 
 def _packed_ms(node: torch.fx.Node) -> float | None:
     """The CPU time of a float32 linear or 2-D convolution as the prepacked region runs
-    it (``aot.fallback.prepack``: oneDNN's linear, else MKL's packed one; oneDNN's convolution on a
-    reordered weight and a channels-last input), or None where it packs no such op (a
-    convolution of a 1x1 input runs as ``addmm`` there)."""
+    it (``aot.fallback.prepack``: oneDNN's linear on a reordered weight, else MKL's packed
+    one; oneDNN's convolution on a reordered weight and a channels-last input), or None
+    where it packs no such op (a convolution of a 1x1 input runs as ``addmm`` there)."""
     vals = map_aggregate(node.args, lambda a: a.meta.get("val") if isinstance(a, torch.fx.Node) else a)
     if any(isinstance(v, torch.Tensor) and v.dtype != torch.float32 for v in vals[:3]) \
             or node.kwargs or len(vals) < 2:

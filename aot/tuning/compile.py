@@ -339,8 +339,9 @@ def _tiled_alone(imported: ImportedProgram, target: Target, policy: PlacementPol
     """``(artifact, failed, ATen-region candidates)``: the fastest of the data-tiled
     variant and the ATen regions, the per-op placement neither measured nor compiled,
     for a static program worth tiling (``worth_tiling``) with ``TILED_ALONE_GFLOP`` or
-    more in heavy ops, or a depthwise network (``tiling.depthwise_network``). Its artifact is None for any other program, or where the variant
-    fails to compile or to run: the caller then places and compiles it as any program,
+    more in heavy ops, or a depthwise network (``tiling.depthwise_network``). Its
+    artifact is None for any other program, or where the variant fails to compile or to
+    run: the caller then places and compiles it as any program,
     without the variant where its partition compiles the same ops (``failed``: those
     op nodes; IREE 3.13 fails ConvNeXt-T's at batch 1 on a dispatch's stack size) and
     with the candidates built here.
