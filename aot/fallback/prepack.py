@@ -366,7 +366,8 @@ def plan_fusions(members: list, n_inputs: int, output_slots, convs: bool) -> dic
                 else PackedConv(members[i], unary, other, x.spec.shape)
         elif _onednn_linear(s):
             x = _tensor_operand(s, "input")
-            batch = None if x.spec.is_symbolic else math.prod(x.spec.shape[:-1])
+            batch = None if x.spec.is_symbolic or not hasattr(
+                torch.ops.mkldnn, "_reorder_linear_weight") else math.prod(x.spec.shape[:-1])
             j = only_reader(slot_of[i])
             unary = _post_op(specs[j]) if j is not None and j not in plan else None
             if unary is not None:

@@ -496,7 +496,8 @@ def _packed_ms(node: torch.fx.Node) -> float | None:
                for v in (list(vals) + [None])[:3]]
     if node.target is _aten.linear.default and w.dim() == 2 and hasattr(
             torch.ops.mkldnn, "_linear_pointwise"):
-        packed = torch.ops.mkldnn._reorder_linear_weight(w, x.numel() // x.shape[-1])
+        packed = torch.ops.mkldnn._reorder_linear_weight(w, x.numel() // x.shape[-1]) \
+            if hasattr(torch.ops.mkldnn, "_reorder_linear_weight") else w
 
         def fn():
             torch.ops.mkldnn._linear_pointwise(x, packed, b, "none", [], "")
