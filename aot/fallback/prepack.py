@@ -70,6 +70,19 @@ def available() -> bool:
             and hasattr(torch.ops.mkldnn, "_reorder_convolution_weight"))
 
 
+def onednn_linear_available() -> bool:
+    """This torch has oneDNN's linear (``mkldnn._linear_pointwise``)."""
+    return hasattr(torch.ops.mkldnn, "_linear_pointwise")
+
+
+def onednn_linear_weight(w: torch.Tensor, batch: int | None):
+    """``w`` reordered once into oneDNN's layout for ``batch`` input rows, or ``w`` as
+    written where the rows are not static (None) or this torch has no reorder."""
+    if batch is None or not hasattr(torch.ops.mkldnn, "_reorder_linear_weight"):
+        return w
+    return torch.ops.mkldnn._reorder_linear_weight(w, batch)
+
+
 def _mkl_linear_available() -> bool:
     return torch.backends.mkl.is_available() and hasattr(torch.ops, "mkl") \
         and hasattr(torch.ops.mkl, "_mkl_linear")
@@ -185,13 +198,10 @@ class OneDnnLinear:
     def __call__(self, env: list) -> torch.Tensor:
         args, _ = self.linear.bind(env)
         b = args[2] if len(args) > 2 else None
-        w = args[1]
-        if self.batch is not None:
-            if self.packed is None:
-                self.packed = torch.ops.mkldnn._reorder_linear_weight(w, self.batch)
-            w = self.packed
-        return torch.ops.mkldnn._linear_pointwise(args[0], w, b, self.unary, self.scalars,
-                                                  self.algorithm)
+        if self.packed is None:
+            self.packed = onednn_linear_weight(args[1], self.batch)
+        return torch.ops.mkldnn._linear_pointwise(args[0], self.packed, b, self.unary,
+                                                  self.scalars, self.algorithm)
 
 
 class FusedAttention:
@@ -236,7 +246,7 @@ def _packable_linear(spec: KernelCallSpec) -> bool:
 
 def _onednn_linear(spec: KernelCallSpec) -> bool:
     """A float32 ``linear`` on a constant 2-D weight, where this torch has oneDNN's."""
-    if spec.op != "aten::linear" or not hasattr(torch.ops.mkldnn, "_linear_pointwise"):
+    if spec.op != "aten::linear" or not onednn_linear_available():
         return False
     x, w = _tensor_operand(spec, "input"), _tensor_operand(spec, "weight")
     b = _tensor_operand(spec, "bias")
@@ -366,8 +376,7 @@ def plan_fusions(members: list, n_inputs: int, output_slots, convs: bool) -> dic
                 else PackedConv(members[i], unary, other, x.spec.shape)
         elif _onednn_linear(s):
             x = _tensor_operand(s, "input")
-            batch = None if x.spec.is_symbolic or not hasattr(
-                torch.ops.mkldnn, "_reorder_linear_weight") else math.prod(x.spec.shape[:-1])
+            batch = None if x.spec.is_symbolic else math.prod(x.spec.shape[:-1])
             j = only_reader(slot_of[i])
             unary = _post_op(specs[j]) if j is not None and j not in plan else None
             if unary is not None:

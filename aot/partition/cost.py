@@ -39,7 +39,8 @@ from ..importer.fx_import import import_graph
 from ..forms.compiled_forms import FORMS, apply as apply_forms
 from ..runtime.device import get_device, torch_to_buffer_view
 from ..fallback.quantized_ops import PREPACKED
-from ..fallback.prepack import _CONV_ARGS, _mkl_linear_available, available
+from ..fallback.prepack import (_CONV_ARGS, _mkl_linear_available, available,
+                               onednn_linear_available, onednn_linear_weight)
 from ..fallback.prepack import VERSION as PREPACK
 
 __all__ = ["Cost", "CostCache", "LocalCosts", "measure_aten", "measure_nodes", "measure_packed",
@@ -494,10 +495,8 @@ def _packed_ms(node: torch.fx.Node) -> float | None:
         return None
     x, w, b = [_real(v, "cpu") if isinstance(v, torch.Tensor) else v
                for v in (list(vals) + [None])[:3]]
-    if node.target is _aten.linear.default and w.dim() == 2 and hasattr(
-            torch.ops.mkldnn, "_linear_pointwise"):
-        packed = torch.ops.mkldnn._reorder_linear_weight(w, x.numel() // x.shape[-1]) \
-            if hasattr(torch.ops.mkldnn, "_reorder_linear_weight") else w
+    if node.target is _aten.linear.default and w.dim() == 2 and onednn_linear_available():
+        packed = onednn_linear_weight(w, x.numel() // x.shape[-1])
 
         def fn():
             torch.ops.mkldnn._linear_pointwise(x, packed, b, "none", [], "")

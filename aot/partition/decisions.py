@@ -43,7 +43,7 @@ from ..toolchain.targets import Target
 from .cost import CROSSING_MS, CostCache, measure_decomposed, measure_nodes, start_prefetch
 from ..fallback.quantized_ops import NAMESPACE
 
-__all__ = ["Decisions", "decide", "is_assert", "op_nodes", "inner_ops", "flat_ops",
+__all__ = ["Decisions", "decide", "is_assert", "op_nodes", "inner_ops", "flat_ops", "heavy_gflop",
            "CONTROL_FLOW", "RUNS_IN_HOST"]
 log = logging.getLogger(__name__)
 _MAX_DECOMPOSITION_ROUNDS = 4
@@ -276,6 +276,11 @@ def _heavy(n: torch.fx.Node) -> bool:
 def heavy_nodes(ep) -> list[torch.fx.Node]:
     """The ops of ``ep`` whose placement is decided by measuring them (``MIN_FLOPS``)."""
     return [n for n in op_nodes(ep) if _heavy(n)]
+
+
+def heavy_gflop(ep) -> float:
+    """The GFLOP of ``ep``'s heavy ops (``heavy_nodes``)."""
+    return sum(node_flops(n) or 0 for n in heavy_nodes(ep)) / 1e9
 
 
 def _prefetch_costs(ep, target: Target, policy: PlacementPolicy, cache: CoverageCache):

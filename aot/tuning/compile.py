@@ -26,8 +26,7 @@ from ..backend.build import build_artifact, compile_input, host_artifact, iree_v
 from ..partition.cost import (MEASURED_FASTER, CostCache, LocalCosts, compiled_floor,
                               handoff_ms, measure_aten, measure_packed)
 from ..partition.coverage import Assumed, assumes_coverage
-from ..partition.decisions import RUNS_IN_HOST, heavy_nodes
-from ..partition.flops import node_flops
+from ..partition.decisions import RUNS_IN_HOST, heavy_gflop, heavy_nodes
 from ..toolchain.iree_compile import compile_error, discard_dump, first_error, try_compile
 from ..partition.partitioner import PartitionedProgram, partition
 from ..backend.lower import LoweredProgram, lower
@@ -361,7 +360,7 @@ def _tiled_alone(imported: ImportedProgram, target: Target, policy: PlacementPol
             or not worth_measuring(imported, False, target, policy):
         return None, None, None
     heavy = heavy_nodes(imported.exported)
-    gflop = sum(node_flops(n) or 0 for n in heavy) / 1e9
+    gflop = heavy_gflop(imported.exported)
     depthwise = depthwise_network(imported)
     if gflop < TILED_ALONE_GFLOP and not depthwise:
         return None, None, None

@@ -145,7 +145,7 @@ from ..progress import step
 from ..runtime.module import CompiledModule
 from ..partition.cost import (MIN_FLOPS, CostCache, Floor, LocalCosts, compiled_floor,
                               machine_key, measure_packed)
-from ..partition.decisions import CONTROL_FLOW, RUNS_IN_HOST, heavy_nodes
+from ..partition.decisions import CONTROL_FLOW, RUNS_IN_HOST, heavy_gflop, heavy_nodes
 from ..partition.flops import node_flops
 from ..errors import UnsupportedOp
 from ..partition.placement import KERNEL_CALL, Placement, PlacementPolicy
@@ -824,7 +824,7 @@ def _small(imported: ImportedProgram) -> bool:
     """Under ``SYNC_MAX_GFLOP`` in heavy ops (a few milliseconds on two cores), where the
     dispatches' hand-offs to IREE's workers can outweigh the second core; on larger
     programs the single-threaded calls would only lengthen the race."""
-    return sum(node_flops(n) or 0 for n in heavy_nodes(imported.exported)) < SYNC_MAX_GFLOP * 1e9
+    return heavy_gflop(imported.exported) < SYNC_MAX_GFLOP
 
 
 # executor variants of an IREE candidate (the per-op artifact, the tiled one): its code and
