@@ -118,8 +118,11 @@ def format_report(manifest: Manifest) -> str:
     if ex.get("memory_format") == "channels_last":
         lines.append("ATen regions run convolutions channels-last (NHWC)")
     if ex.get("prepack"):
+        mkl = ex.get("mkl_linears") or []
+        linears = (f"linears (oneDNN, activations fused; {len(mkl)} shape(s) measured faster "
+                   "on MKL run there)" if mkl else "linears (oneDNN, activations fused)")
         lines.append("ATen regions run on prepacked CPU kernels: convolutions (oneDNN, ReLU and "
-                     "residual adds fused) and linears (MKL) on weights packed once, written-out "
+                     f"residual adds fused) and {linears} on weights packed once, written-out "
                      "attention as one fused kernel")
     if ex.get("quantized_engine"):
         lines.append(f"quantized kernels run under the {ex['quantized_engine']} engine, "

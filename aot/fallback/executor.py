@@ -92,6 +92,9 @@ class ExecOptions:
     ``retained_heap_bytes``: freed memory the C heap keeps between calls, planned at
     compile from the kernel calls' intermediates (``aot.fallback.heap``); 0 leaves
     the heap as it is.
+    ``mkl_linears``: under ``prepack``, the signatures (``prepack.linear_signature``)
+    of linears that run on MKL's packed weight rather than oneDNN's, measured faster
+    there at compile (``aot.tuning.linear_kernels``).
     """
 
     memory_format: str = "contiguous"
@@ -101,13 +104,15 @@ class ExecOptions:
     int8_float_math: bool = False
     one_thread_calls: tuple[str, ...] = ()
     retained_heap_bytes: int = 0
+    mkl_linears: tuple[str, ...] = ()
 
     def to_json(self) -> dict:
         return {"memory_format": self.memory_format, "cuda_graphs": self.cuda_graphs,
                 "prepack": self.prepack, "quantized_engine": self.quantized_engine,
                 "int8_float_math": self.int8_float_math,
                 "one_thread_calls": list(self.one_thread_calls),
-                "retained_heap_bytes": self.retained_heap_bytes}
+                "retained_heap_bytes": self.retained_heap_bytes,
+                **({"mkl_linears": list(self.mkl_linears)} if self.mkl_linears else {})}
 
     @staticmethod
     def from_json(d: dict | None) -> "ExecOptions":
@@ -129,8 +134,14 @@ class ExecOptions:
         if heap.__class__ is not int or not 0 <= heap <= MAX_HEAP_BYTES:
             raise ArtifactError(f"executor retained_heap_bytes {str(heap)[:40]!r} is not a "
                                 f"byte count from 0 to {MAX_HEAP_BYTES}", stage="load")
+        mkl = d.get("mkl_linears") or []
+        if not isinstance(mkl, list) or not all(isinstance(k, str) and len(k) <= 200
+                                                for k in mkl):
+            raise ArtifactError("executor mkl_linears should be a list of linear signatures",
+                                stage="load")
         return ExecOptions(fmt, bool(d.get("cuda_graphs", True)), bool(d.get("prepack", False)),
-                           engine, bool(d.get("int8_float_math", False)), tuple(one), heap)
+                           engine, bool(d.get("int8_float_math", False)), tuple(one), heap,
+                           tuple(mkl))
 
 
 _from_dlpack = torch._C._from_dlpack  # torch.from_dlpack without its Python dispatch
@@ -281,7 +292,8 @@ class _KernelCall:
                                  or any(r.qparams is not None for r in m.results),
                                  _slot_specs(m)))
         self.fused = (plan_fusions([m[0] for m in self.members], len(self.spec.inputs),
-                                   self.spec.output_slots, convs=self.nhwc is not None)
+                                   self.spec.output_slots, convs=self.nhwc is not None,
+                                   mkl_linears=frozenset(options.mkl_linears))
                       if options.prepack and self.torch_device.type == "cpu" else {})
         # quantized slots are adapted per member (quantized tensor or its integer storage)
         self.adapt = any(m[3] for m in self.members) or any(

@@ -26,8 +26,12 @@ on the CPU (``ExecOptions(prepack=True)``) it can do what eager cannot:
   post-op (as after a convolution). On an AMD Zen 5 it runs 2.1-2.3x faster than
   ``F.linear`` and MKL's packed weight from a 128x768x768 product up (MKL takes its
   AVX2 path on AMD CPUs: 190-200 GFLOP/s on two cores, oneDNN 430-460), and 1.3x on
-  small ones (8x512x512). Where this torch has no oneDNN linear, MKL's
-  ``mkl._mkl_linear`` on a weight packed once for the static batch size;
+  small ones (8x512x512). A linear whose signature (``linear_signature``) the
+  artifact lists in ``ExecOptions.mkl_linears`` runs on MKL's ``mkl._mkl_linear``
+  instead, on a weight packed once for its static batch size, its activation in
+  place after it: on an Intel Xeon MKL is faster on most products
+  (``aot.tuning.linear_kernels`` times both per machine at compile). Where this
+  torch has no oneDNN linear, every linear of a static batch runs on MKL's;
 - attention written out as ``softmax(q @ k.transpose(-2, -1) / c) @ v`` (the
   division optional, or a multiplication) runs as one
   ``scaled_dot_product_attention`` (ATen's fused CPU kernel), when nothing else
@@ -48,13 +52,15 @@ import torch
 
 from .spec import KernelCallSpec, StaticArg, TensorArg
 
-__all__ = ["available", "plan_fusions", "DEFERRED", "VERSION"]
+__all__ = ["available", "plan_fusions", "linear_signature", "linear_shape",
+           "mkl_linear_available", "OneDnnLinear", "PackedLinear",
+           "DEFERRED", "VERSION"]
 
 # what the prepacked executor fuses; part of the region decisions' cache key, so a
 # decision measured on an older executor is measured again (2: activation post-ops,
 # 3: matrix-vector convolutions, 4: oneDNN linears on dynamic inputs, 5: oneDNN linears
-# on every input, activations fused)
-VERSION = 5
+# on every input, activations fused, 6: linears measured faster on MKL run there)
+VERSION = 6
 
 DEFERRED = object()  # a member whose result is computed later, by its chain's last op
 _CONV_ARGS = {  # op -> positions of (stride, padding, dilation, groups), None if not packable
@@ -83,7 +89,8 @@ def onednn_linear_weight(w: torch.Tensor, batch: int | None):
     return torch.ops.mkldnn._reorder_linear_weight(w, batch)
 
 
-def _mkl_linear_available() -> bool:
+def mkl_linear_available() -> bool:
+    """This torch has MKL's linear on a packed weight (``mkl._mkl_linear``)."""
     return torch.backends.mkl.is_available() and hasattr(torch.ops, "mkl") \
         and hasattr(torch.ops.mkl, "_mkl_linear")
 
@@ -167,11 +174,13 @@ def _matvec_conv(conv) -> bool:
 
 
 class PackedLinear:
-    """``linear`` on an MKL weight packed once for the static batch size."""
+    """``linear`` [+ activation] on an MKL weight packed once for the static batch size,
+    the activation applied in place after it (MKL fuses none)."""
 
-    def __init__(self, linear, batch: int):
+    def __init__(self, linear, batch: int, post_op: PostOp | None = None):
         self.linear, self.batch, self.packed = linear, batch, None
-        self.spec = linear.spec
+        self.spec, self.post_op = linear.spec, post_op
+        self.signature = linear_signature(linear.spec, batch, post_op)
         self.reads = linear.slots()
 
     def __call__(self, env: list) -> torch.Tensor:
@@ -180,7 +189,10 @@ class PackedLinear:
         b = args[2] if len(args) > 2 else None
         if self.packed is None:
             self.packed = torch.ops.mkl._mkl_reorder_linear_weight(w, self.batch)
-        return torch.ops.mkl._mkl_linear(x, self.packed, w, b, self.batch)
+        y = torch.ops.mkl._mkl_linear(x, self.packed, w, b, self.batch)
+        if self.post_op is not None:
+            y = self.post_op.apply(y, self.post_op.scalars, self.post_op.algorithm)
+        return y
 
 
 class OneDnnLinear:
@@ -192,7 +204,9 @@ class OneDnnLinear:
 
     def __init__(self, linear, post_op: PostOp | None = None, batch: int | None = None):
         self.linear, self.spec, self.batch, self.packed = linear, linear.spec, batch, None
+        self.post_op = post_op
         self.unary, self.scalars, self.algorithm, _ = post_op or _NO_POST_OP
+        self.signature = linear_signature(linear.spec, batch, post_op)
         self.reads = linear.slots()
 
     def __call__(self, env: list) -> torch.Tensor:
@@ -234,7 +248,7 @@ def _packable_conv(spec: KernelCallSpec) -> bool:
 
 
 def _packable_linear(spec: KernelCallSpec) -> bool:
-    if spec.op != "aten::linear" or not _mkl_linear_available():
+    if spec.op != "aten::linear" or not mkl_linear_available():
         return False
     x, w = _tensor_operand(spec, "input"), _tensor_operand(spec, "weight")
     b = _tensor_operand(spec, "bias")
@@ -253,6 +267,24 @@ def _onednn_linear(spec: KernelCallSpec) -> bool:
     return (x is not None and w is not None and w.constant
             and len(w.spec.shape) == 2 and x.spec.dtype == w.spec.dtype == "float32"
             and (b is None or (b.constant and b.spec.dtype == "float32")))
+
+
+def linear_shape(spec: KernelCallSpec) -> tuple[int, int, bool]:
+    """A linear's ``(in features, out features, has a bias)``."""
+    n, k = (int(d) for d in _tensor_operand(spec, "weight").spec.shape)
+    return k, n, _tensor_operand(spec, "bias") is not None
+
+
+def linear_signature(spec: KernelCallSpec, batch: int | None, post_op: PostOp | None) -> str:
+    """What a prepacked linear's kernel choice depends on: ``rows x in x out``, the bias
+    and the fused activation with its scalars (``16x384x768+bias+gelu/tanh``); the rows
+    are ``?`` where the batch is dynamic."""
+    k, n, bias = linear_shape(spec)
+    sig = f"{'?' if batch is None else batch}x{k}x{n}" + ("+bias" if bias else "")
+    if post_op is not None:
+        sig += f"+{post_op.attr}" + "".join(f",{v:g}" for v in post_op.scalars) \
+            + (f"/{post_op.algorithm}" if post_op.algorithm else "")
+    return sig
 
 
 class PostOp(NamedTuple):
@@ -313,12 +345,15 @@ def _is_plain_add(spec: KernelCallSpec) -> bool:
             and a.spec.dtype == b.spec.dtype == "float32" and _static(spec, "alpha", 1) == 1)
 
 
-def plan_fusions(members: list, n_inputs: int, output_slots, convs: bool) -> dict:
+def plan_fusions(members: list, n_inputs: int, output_slots, convs: bool,
+                 mkl_linears: frozenset = frozenset()) -> dict:
     """Member index -> ``DEFERRED`` or a callable ``f(env) -> result`` replacing it.
 
     ``members`` are the group's BoundCalls in order; slots ``0..n_inputs-1`` are
     the group's inputs and each member appends its results after them.
     ``convs``: the group runs channels-last, so convolutions may be packed.
+    ``mkl_linears``: signatures (``linear_signature``) of linears that run on MKL's
+    packed weight rather than oneDNN's.
     """
     if not available():
         return {}
@@ -379,11 +414,14 @@ def plan_fusions(members: list, n_inputs: int, output_slots, convs: bool) -> dic
             batch = None if x.spec.is_symbolic else math.prod(x.spec.shape[:-1])
             j = only_reader(slot_of[i])
             unary = _post_op(specs[j]) if j is not None and j not in plan else None
+            linear = OneDnnLinear(members[i], unary, batch)
+            if batch is not None and linear.signature in mkl_linears and mkl_linear_available():
+                linear = PackedLinear(members[i], batch, unary)
             if unary is not None:
                 plan[i] = DEFERRED
-                plan[j] = OneDnnLinear(members[i], unary, batch)
+                plan[j] = linear
             else:
-                plan[i] = OneDnnLinear(members[i], None, batch)
+                plan[i] = linear
         elif _packable_linear(s):
             x = _tensor_operand(s, "input")
             plan[i] = PackedLinear(members[i], math.prod(x.spec.shape[:-1]))

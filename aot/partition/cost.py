@@ -39,7 +39,7 @@ from ..importer.fx_import import import_graph
 from ..forms.compiled_forms import FORMS, apply as apply_forms
 from ..runtime.device import get_device, torch_to_buffer_view
 from ..fallback.quantized_ops import PREPACKED
-from ..fallback.prepack import (_CONV_ARGS, _mkl_linear_available, available,
+from ..fallback.prepack import (_CONV_ARGS, mkl_linear_available, available,
                                onednn_linear_available, onednn_linear_weight)
 from ..fallback.prepack import VERSION as PREPACK
 
@@ -486,8 +486,9 @@ def measure_packed(nodes: list[torch.fx.Node], cache: CostCache | LocalCosts) ->
 
 def _packed_ms(node: torch.fx.Node) -> float | None:
     """The CPU time of a float32 linear or 2-D convolution as the prepacked region runs
-    it (``aot.fallback.prepack``: oneDNN's linear on a reordered weight, else MKL's packed
-    one; oneDNN's convolution on a reordered weight and a channels-last input), or None
+    it (``aot.fallback.prepack``: the faster of oneDNN's linear on a reordered weight and
+    MKL's on a packed one, ``aot.tuning.linear_kernels``, MKL's where torch has no oneDNN
+    linear; oneDNN's convolution on a reordered weight and a channels-last input), or None
     where it packs no such op (a convolution of a 1x1 input runs as ``addmm`` there)."""
     vals = map_aggregate(node.args, lambda a: a.meta.get("val") if isinstance(a, torch.fx.Node) else a)
     if any(isinstance(v, torch.Tensor) and v.dtype != torch.float32 for v in vals[:3]) \
@@ -496,11 +497,17 @@ def _packed_ms(node: torch.fx.Node) -> float | None:
     x, w, b = [_real(v, "cpu") if isinstance(v, torch.Tensor) else v
                for v in (list(vals) + [None])[:3]]
     if node.target is _aten.linear.default and w.dim() == 2 and onednn_linear_available():
-        packed = onednn_linear_weight(w, x.numel() // x.shape[-1])
+        batch = x.numel() // x.shape[-1]
+        packed = onednn_linear_weight(w, batch)
 
         def fn():
             torch.ops.mkldnn._linear_pointwise(x, packed, b, "none", [], "")
-    elif node.target is _aten.linear.default and w.dim() == 2 and _mkl_linear_available():
+        if mkl_linear_available():  # the region runs the faster of the two (linear_kernels)
+            mkl = torch.ops.mkl._mkl_reorder_linear_weight(w, batch)
+            with torch.no_grad():
+                return min(_median_ms(fn),
+                           _median_ms(lambda: torch.ops.mkl._mkl_linear(x, mkl, w, b, batch)))
+    elif node.target is _aten.linear.default and w.dim() == 2 and mkl_linear_available():
         batch = x.numel() // x.shape[-1]
         packed = torch.ops.mkl._mkl_reorder_linear_weight(w, batch)
 

@@ -32,6 +32,7 @@ from ..partition.partitioner import PartitionedProgram, partition
 from ..backend.lower import LoweredProgram, lower
 from ..partition.placement import PlacementPolicy
 from ..passes.prepare import prepare
+from . import linear_kernels
 from .recover import blame, grow
 from .regions import (Race, aten_candidates, aten_far_ahead, choose_region, may_measure,
                       packed_far_ahead, pick_variant, worth_measuring)
@@ -308,7 +309,8 @@ def _aten_far_ahead(imported: ImportedProgram, target: Target, policy: Placement
         floor = compiled_floor(nodes, target, cache)
         if floor is None or not packed_far_ahead(floor):
             return None, None
-    aten = aten_candidates(imported, target)
+    # its linears' kernels timed here, before any compile runs beside them
+    aten = linear_kernels.chosen(aten_candidates(imported, target), target)
     return aten_far_ahead(imported, target, policy, example, floor, aten, race), aten
 
 

@@ -141,6 +141,7 @@ from ..fallback.layout import has_conv, layout_safe
 from ..importer.dynamic import resized
 from ..importer.program import ImportedProgram
 from .. import timing
+from . import linear_kernels
 from ..progress import step
 from ..runtime.module import CompiledModule
 from ..partition.cost import (MIN_FLOPS, CostCache, Floor, LocalCosts, compiled_floor,
@@ -262,7 +263,8 @@ def choose_region(per_op: CompiledArtifact | None, imported: ImportedProgram, ta
         # dispatch, which on few cores can cost more than the second core saves on a
         # program of many small dispatches (MobileNetV3-Small: 1.37 ms against 1.69)
         cands["iree-tiled-sync"] = tiled.with_manifest(driver="local-sync")
-    cands.update(aten_candidates(imported, target) if aten is None else aten)
+    cands.update(linear_kernels.chosen(aten_candidates(imported, target) if aten is None
+                                       else aten, target))
     key = program_key(imported, target, cands)
     region = _pinned(policy.plan, cands) or _cached(key, cands, target)
     if region is not None and race is not None:

@@ -6,6 +6,9 @@ import torch
 import aot
 from aot.fallback import prepack
 from aot.fallback.executor import ExecOptions
+from aot.errors import ArtifactError
+from aot.toolchain.targets import get_target
+from aot.tuning import linear_kernels
 from aot.tuning.regions import _with_executor
 from aot.runtime.module import CompiledModule
 
@@ -248,3 +251,75 @@ def test_squeeze_excitation_convolutions_run_as_matrix_vector_products(act, gate
     names = {torch.nn.SiLU: "swish", torch.nn.Sigmoid: "sigmoid", torch.nn.ReLU: "relu",
              torch.nn.Hardsigmoid: "hardsigmoid", torch.nn.Identity: "none"}
     assert fused == sorted([names[type(act)], names[type(gate)]])
+
+
+needs_both_linears = pytest.mark.skipif(
+    not (prepack.onednn_linear_available() and prepack.mkl_linear_available()),
+    reason="this torch build lacks oneDNN's or MKL's linear")
+
+
+@needs_both_linears
+@pytest.mark.parametrize("name", ["gelu", "relu6"])
+def test_linears_listed_for_mkl_run_there_with_their_activation_after(name):
+    act, _ = ACTIVATIONS[name]
+    torch.manual_seed(0)
+    m = Mlp(act).eval()
+    x = torch.randn(2, 5, 16) * 2
+    allm = aot.compile(m, (x,), fallback="all")
+    sigs = sorted(linear_kernels.sites(
+        _with_executor(allm.artifact, ExecOptions(prepack=True))))
+    # rows x in x out, the bias, the activation fused into the first linear
+    assert sigs == sorted([f"10x16x64+bias+{ACTIVATIONS[name][1]}"
+                           + (",0,6" if name == "relu6" else "/none" if name == "gelu" else ""),
+                           "10x64x16+bias", "10x16x16"])
+    on_mkl = sigs[:2]
+    packed = CompiledModule(_with_executor(
+        allm.artifact, ExecOptions(prepack=True, mkl_linears=tuple(on_mkl))))
+    with torch.no_grad():
+        ref = m(x)
+        for _ in range(2):  # MKL accumulates in its own order: rounding only
+            torch.testing.assert_close(packed(x), ref, rtol=1e-4, atol=1e-4)
+    plan = _fusions(packed)
+    kinds = {f.signature: type(f).__name__ for f in plan.values()
+             if isinstance(f, (prepack.OneDnnLinear, prepack.PackedLinear))}
+    assert kinds == {s: "PackedLinear" if s in on_mkl else "OneDnnLinear" for s in sigs}
+    assert sum(f is prepack.DEFERRED for f in plan.values()) == 1  # the activation, still fused
+
+
+@needs_both_linears
+def test_kernel_choice_is_measured_once_per_machine_and_recorded(tmp_path, monkeypatch):
+    monkeypatch.setenv("AOT_CACHE_DIR", str(tmp_path))
+    torch.manual_seed(0)
+    m = Mlp(torch.nn.GELU()).eval()
+    x = torch.randn(2, 5, 16)
+    allm = aot.compile(m, (x,), fallback="all")
+    cand = _with_executor(allm.artifact, ExecOptions(prepack=True))
+    # MKL twice as fast on the 64 -> 16 product, slower on the others
+    fake = {(64, 16): {"onednn": 2.0, "mkl": 1.0}}
+    calls = []
+
+    def timed(batch, k, n, bias, post_op):
+        calls.append((batch, k, n))
+        return fake.get((k, n), {"onednn": 1.0, "mkl": 1.5})
+    monkeypatch.setattr(linear_kernels, "timed", timed)
+    chosen = linear_kernels.chosen({"aten-prepacked": cand}, get_target("cpu"))["aten-prepacked"]
+    assert chosen.manifest.executor["mkl_linears"] == ["10x64x16+bias"]
+    assert sorted(calls) == [(10, 16, 16), (10, 16, 64), (10, 64, 16)]
+    # a second compile reuses the times (nothing timed), so it makes the same choice;
+    # a candidate already chosen is left as it is
+    calls.clear()
+    again = linear_kernels.choose(cand, get_target("cpu"))
+    assert again.manifest.executor["mkl_linears"] == ["10x64x16+bias"] and not calls
+    assert linear_kernels.chosen({"aten-prepacked": chosen}, get_target("cpu"))["aten-prepacked"] \
+        is chosen
+    with torch.no_grad():
+        torch.testing.assert_close(CompiledModule(chosen)(x), m(x), rtol=1e-4, atol=1e-4)
+
+
+def test_executor_mkl_linears_must_be_a_list_of_signatures():
+    assert ExecOptions.from_json({"mkl_linears": ["8x16x16+bias"]}).mkl_linears \
+        == ("8x16x16+bias",)
+    assert "mkl_linears" not in ExecOptions(prepack=True).to_json()
+    for bad in ("8x16x16", [3], ["x" * 201]):
+        with pytest.raises(ArtifactError, match="mkl_linears should be a list"):
+            ExecOptions.from_json({"mkl_linears": bad})
