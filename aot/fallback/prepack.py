@@ -7,8 +7,9 @@ on the CPU (``ExecOptions(prepack=True)``) it can do what eager cannot:
 
 - a convolution with a constant 4-D weight runs as
   ``mkldnn._convolution_pointwise`` on a weight reordered once, at its first
-  call, into oneDNN's blocked layout (input and output NHWC, so only in
-  channels-last groups);
+  call, into oneDNN's blocked layout (input and output NHWC: in channels-last
+  groups, and in row-major groups where convolutions feed one another, as in
+  LeViT's stem, the last one's result copied back to row-major);
 - an activation reading only such a convolution's result is fused into it as a
   oneDNN post-op (``relu``, ``hardtanh`` (ReLU6), ``hardswish``, ``hardsigmoid``,
   ``silu``, ``sigmoid``, ``tanh``, ``gelu``, ``leaky_relu``: ``_POST_OPS``),
@@ -107,11 +108,14 @@ def _static(spec: KernelCallSpec, name: str, default=None):
 class PackedConv:
     """conv [+ add] [+ activation] as one oneDNN kernel on a weight packed at the first call.
 
-    ``post_op``: the activation fused after it (``_post_op``), or None.
+    ``post_op``: the activation fused after it (``_post_op``), or None. ``row_major``:
+    the result is copied row-major (in a row-major group, for readers other than
+    packed convolutions); else it is channels-last.
     """
 
-    def __init__(self, conv, post_op: PostOp | None, other_slot: int | None, input_shape):
-        self.conv, self.other_slot = conv, other_slot
+    def __init__(self, conv, post_op: PostOp | None, other_slot: int | None, input_shape,
+                 row_major: bool = False):
+        self.conv, self.other_slot, self.row_major = conv, other_slot, row_major
         self.unary, self.scalars, self.algorithm, _ = post_op or _NO_POST_OP
         s, p, d, g = _CONV_ARGS[conv.spec.op]
         a = conv.args
@@ -133,13 +137,15 @@ class PackedConv:
             self.packed = torch.ops.mkldnn._reorder_convolution_weight(
                 w, self.padding, self.stride, self.dilation, self.groups, shape)
         if self.other_slot is None:
-            return torch.ops.mkldnn._convolution_pointwise(
+            y = torch.ops.mkldnn._convolution_pointwise(
                 x, self.packed, b, self.padding, self.stride, self.dilation, self.groups,
                 self.unary, self.scalars, self.algorithm)
-        other = env[self.other_slot].contiguous(memory_format=torch.channels_last)
-        return torch.ops.mkldnn._convolution_pointwise.binary(
-            x, other, self.packed, b, self.padding, self.stride, self.dilation, self.groups,
-            "add", 1.0, None if self.unary == "none" else self.unary, [], "")
+        else:
+            other = env[self.other_slot].contiguous(memory_format=torch.channels_last)
+            y = torch.ops.mkldnn._convolution_pointwise.binary(
+                x, other, self.packed, b, self.padding, self.stride, self.dilation,
+                self.groups, "add", 1.0, None if self.unary == "none" else self.unary, [], "")
+        return y.contiguous() if self.row_major else y
 
 
 class MatvecConv:
@@ -376,6 +382,44 @@ def plan_fusions(members: list, n_inputs: int, output_slots, convs: bool,
             producer[slot_of[i] + r] = i
 
     plan: dict = {}
+
+    def conv_chain(i: int) -> tuple[list, PostOp | None, int | None]:
+        """Conv ``i`` [+ add] [+ activation]: the members fused, the activation, the
+        slot of the add's other operand."""
+        chain, unary, other = [i], None, None
+        j = only_reader(slot_of[i])
+        if j is not None and _is_plain_add(specs[j]) and j not in plan:
+            a, b = _tensor_operand(specs[j], "self"), _tensor_operand(specs[j], "other")
+            other = b.index if a.index == slot_of[i] else a.index
+            if other != slot_of[i]:
+                chain.append(j)
+                j = only_reader(slot_of[j])
+            else:
+                other = None
+        if j is not None and j not in plan:
+            unary = _post_op(specs[j])
+            if other is not None and unary is not None and unary.attr != "relu":
+                unary = None  # oneDNN fuses only a relu after the add
+            if unary is not None:
+                chain.append(j)
+        return chain, unary, other
+
+    # a row-major group packs the convolutions that feed one another (the chain's result
+    # read only as the next one's input): between them tensors stay channels-last, and
+    # the last one's result is made row-major again. A lone convolution stays ATen's:
+    # its two layout copies cost what packing saves
+    nhwc_out, chained = set(), set()
+    if not convs:
+        ends = {i: slot_of[conv_chain(i)[0][-1]] for i, s in enumerate(specs)
+                if _packable_conv(s) and not _matvec_conv(members[i])}
+        for i, end in ends.items():
+            readers = users.get(end, [])
+            if readers and end not in outputs and all(
+                    j in ends and _tensor_operand(specs[j], "input").index == end
+                    and sum(r == end for r in members[j].slots()) == 1 for j in readers):
+                nhwc_out.add(end)
+                chained.update([i, *readers])
+
     for i, s in enumerate(specs):
         if i in plan:
             continue
@@ -386,29 +430,15 @@ def plan_fusions(members: list, n_inputs: int, output_slots, convs: bool,
                 plan[k] = DEFERRED
             plan[last] = fused
             continue
-        if convs and _packable_conv(s):
-            chain, unary, other = [i], None, None
-            j = only_reader(slot_of[i])
-            if j is not None and _is_plain_add(specs[j]) and j not in plan:
-                a, b = _tensor_operand(specs[j], "self"), _tensor_operand(specs[j], "other")
-                other = b.index if a.index == slot_of[i] else a.index
-                if other != slot_of[i]:
-                    chain.append(j)
-                    j = only_reader(slot_of[j])
-                else:
-                    other = None
-            if j is not None and j not in plan:
-                unary = _post_op(specs[j])
-                if other is not None and unary is not None and unary.attr != "relu":
-                    unary = None  # oneDNN fuses only a relu after the add
-                if unary is not None:
-                    chain.append(j)
+        if _packable_conv(s) and (convs or i in chained):
+            chain, unary, other = conv_chain(i)
             x = _tensor_operand(s, "input")
             for k in chain[:-1]:
                 plan[k] = DEFERRED
             plan[chain[-1]] = MatvecConv(members[i], unary) \
-                if other is None and _matvec_conv(members[i]) \
-                else PackedConv(members[i], unary, other, x.spec.shape)
+                if convs and other is None and _matvec_conv(members[i]) \
+                else PackedConv(members[i], unary, other, x.spec.shape,
+                                row_major=not convs and slot_of[chain[-1]] not in nhwc_out)
         elif _onednn_linear(s):
             x = _tensor_operand(s, "input")
             batch = None if x.spec.is_symbolic else math.prod(x.spec.shape[:-1])

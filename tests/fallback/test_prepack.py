@@ -122,9 +122,37 @@ def test_activations_fuse_into_packed_convolutions(name):
     assert fused == sorted([(attr, False), (attr, False), ("none", True)])
 
 
-def test_contiguous_groups_pack_only_linears():
+def test_row_major_groups_pack_convolutions_that_feed_one_another():
     torch.manual_seed(0)
     m = Block().eval()
+    x = torch.randn(2, 8, 16, 16)
+    packed = _prepacked(m, x)
+    with torch.no_grad():
+        for _ in range(2):
+            for g, r in zip(packed(x), m(x)):
+                torch.testing.assert_close(g, r, rtol=1e-4, atol=1e-4)
+                assert g.is_contiguous()  # what leaves the group is row-major again
+    convs = [f for f in _fusions(packed).values() if isinstance(f, prepack.PackedConv)]
+    # c1 -> c2 -> c3: c1's and c2's results are read only as the next convolution's
+    # input, so they stay channels-last; c3's (read by a relu and an add) is made
+    # row-major; c4, between an add and the linear, stays ATen's
+    assert [(f.row_major, f.stride) for f in convs] == [(False, [1, 1]), (False, [1, 1]),
+                                                        (True, [1, 1])]
+
+
+class LoneConv(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.c = torch.nn.Conv2d(8, 8, 3, padding=1)
+        self.fc = torch.nn.Linear(8 * 16 * 16, 4)
+
+    def forward(self, x):
+        return self.fc(torch.relu(self.c(x)).flatten(1))
+
+
+def test_row_major_groups_leave_a_lone_convolution_to_aten():
+    torch.manual_seed(0)
+    m = LoneConv().eval()
     x = torch.randn(2, 8, 16, 16)
     packed = _prepacked(m, x)
     with torch.no_grad():
