@@ -33,10 +33,11 @@ on the CPU (``ExecOptions(prepack=True)``) it can do what eager cannot:
   place after it: on an Intel Xeon MKL is faster on most products
   (``aot.tuning.linear_kernels`` times both per machine at compile). Where this
   torch has no oneDNN linear, every linear of a static batch runs on MKL's;
-- attention written out as ``softmax(q @ k.transpose(-2, -1) / c) @ v`` (the
-  division optional, or a multiplication) runs as one
-  ``scaled_dot_product_attention`` (ATen's fused CPU kernel), when nothing else
-  reads the intermediates.
+- attention written out as ``softmax(q @ k.transpose(-2, -1) / c + bias) @ v`` (the
+  division optional, or a multiplication; the bias optional, a tensor broadcast to
+  the scores, such as LeViT's per-head position biases; ``k^T`` made by any op, such
+  as LeViT's permute) runs as one ``scaled_dot_product_attention`` (ATen's fused CPU
+  kernel, the bias as its additive mask), when nothing else reads the intermediates.
 
 Values change by rounding only (oneDNN and MKL accumulate in another order);
 the region candidate that uses this is chosen only where it measured faster
@@ -225,16 +226,46 @@ class OneDnnLinear:
 
 
 class FusedAttention:
-    """``softmax(q @ k^T * scale) @ v`` as one ATen scaled-dot-product-attention kernel."""
+    """``softmax(q @ k^T * scale [+ bias]) @ v`` as ATen's fused CPU attention kernel
+    (flash attention), the bias as its additive mask. ``k_transposed``: slot ``k``
+    holds ``k^T`` (read as its transposed view). ``scaling``: the op and constant that
+    scale the scores (``("div", 8.0)``), or None.
 
-    def __init__(self, spec: KernelCallSpec, q: int, k: int, v: int, scale: float):
-        self.spec, self.q, self.k, self.v, self.scale = spec, q, k, v, scale
-        self.reads = (q, k, v)
+    Where ATen would not run the fused kernel on a call's operands (``v``'s head size
+    differs from ``q``'s, as in LeViT; a ``k`` not unit-stride in its last dimension)
+    its scaled-dot-product-attention falls back to unfused math, about twice as slow
+    as the written-out ops on 2 cores: then the ops as written run instead."""
+
+    def __init__(self, spec: KernelCallSpec, q: int, k: int, v: int, scaling: tuple | None,
+                 k_transposed: bool = False, bias: int | None = None):
+        self.spec, self.q, self.k, self.v, self.scaling = spec, q, k, v, scaling
+        self.scale = 1.0 if scaling is None else \
+            1.0 / scaling[1] if scaling[0] == "div" else float(scaling[1])
+        self.k_transposed, self.bias = k_transposed, bias
+        self.reads = (q, k, v) + (() if bias is None else (bias,))
 
     def __call__(self, env: list) -> torch.Tensor:
+        q, v = env[self.q], env[self.v]
+        k = env[self.k].transpose(-2, -1) if self.k_transposed else env[self.k]
+        mask = None if self.bias is None else env[self.bias]
+        if mask is not None and mask.dim() < 4:  # the fused kernel takes 4-D masks only
+            mask = mask.view((1,) * (4 - mask.dim()) + tuple(mask.shape))
+        if torch._fused_sdp_choice(q, k, v, mask, 0.0, False, scale=self.scale) == _SDP_MATH:
+            return self._as_written(q, k, v, mask)
         out = torch.ops.aten.scaled_dot_product_attention.default(
-            env[self.q], env[self.k], env[self.v], None, 0.0, False, scale=self.scale)
+            q, k, v, mask, 0.0, False, scale=self.scale)
         return out.contiguous()  # readers expect the matmul's dense result
+
+    def _as_written(self, q, k, v, mask):
+        s = torch.matmul(q, k.transpose(-2, -1))
+        if self.scaling is not None:
+            s = s / self.scaling[1] if self.scaling[0] == "div" else s * self.scaling[1]
+        if mask is not None:
+            s = s + mask
+        return torch.matmul(torch.softmax(s, -1), v)
+
+
+_SDP_MATH = 0  # torch._fused_sdp_choice's answer for the unfused math path
 
 
 def _packable_conv(spec: KernelCallSpec) -> bool:
@@ -467,24 +498,33 @@ def _match_attention(i, specs, slot_of, producer, only_reader, plan):
     if (m1.op, m1.overload) != ("aten::matmul", "default"):
         return None
     q, kt = arg(m1, "self"), arg(m1, "other")
-    t = producer.get(kt.index) if kt is not None else None
-    if q is None or t is None or t in plan or (specs[t].op, specs[t].overload) != \
+    if q is None or kt is None:
+        return None
+    # k^T made by transposing k's last two dimensions: k itself is read (the transpose
+    # absorbed where nothing else reads it); any other k^T (LeViT's permute) is read
+    # as the transposed view of it
+    t, k, k_shape = producer.get(kt.index), kt, tuple(kt.spec.shape[:-2]) + tuple(
+        kt.spec.shape[-2:][::-1])
+    if t is not None and t not in plan and (specs[t].op, specs[t].overload) == \
             ("aten::transpose", "int"):
-        return None
-    k = arg(specs[t], "self")
-    nd = len(k.spec.shape)
-    dims = {d % nd for d in (_static(specs[t], "dim0"), _static(specs[t], "dim1"))
-            if isinstance(d, int)}
-    if dims != {nd - 2, nd - 1}:
-        return None
-    chain, scale, j = [i], 1.0, only_reader(slot_of[i])
+        nd = len(kt.spec.shape)
+        dims = {d % nd for d in (_static(specs[t], "dim0"), _static(specs[t], "dim1"))
+                if isinstance(d, int)}
+        if dims == {nd - 2, nd - 1}:
+            k = arg(specs[t], "self")
+            k_shape = tuple(k.spec.shape)
+    chain, scaling, j = [i], None, only_reader(slot_of[i])
     if j is not None and specs[j].op in ("aten::div", "aten::mul") \
             and specs[j].overload == "Tensor":
         c = _static(specs[j], "other")
         if not isinstance(c, (int, float)) or isinstance(c, bool) or c == 0 \
                 or arg(specs[j], "self").index != slot_of[i]:
             return None
-        scale = 1.0 / c if specs[j].op == "aten::div" else float(c)
+        scaling = ("div" if specs[j].op == "aten::div" else "mul", c)
+        chain.append(j)
+        j = only_reader(slot_of[j])
+    bias = _attention_bias(specs[j], slot_of[chain[-1]]) if j is not None else None
+    if bias is not None:  # the scores plus a bias (LeViT's per-head position biases)
         chain.append(j)
         j = only_reader(slot_of[j])
     if j is None or not _is_last_dim_softmax(specs[j]):
@@ -495,13 +535,35 @@ def _match_attention(i, specs, slot_of, producer, only_reader, plan):
             or arg(specs[j], "self").index != slot_of[chain[-1]]:
         return None
     v = arg(specs[j], "other")
-    shapes = [q.spec.shape, k.spec.shape, v.spec.shape]
+    shapes = [tuple(q.spec.shape), k_shape, tuple(v.spec.shape)]
     if any(len(sh) != 4 for sh in shapes) or len({sh[:-2] for sh in shapes}) != 1 \
             or any(x.spec.dtype != "float32" for x in (q, k, v)) or any(c in plan for c in chain):
         return None
-    if only_reader(slot_of[t]) == i:
+    if k is not kt and only_reader(slot_of[t]) == i:
         chain.insert(0, t)  # the transposed k is read by nothing else
-    return (*chain, j, FusedAttention(specs[j], q.index, k.index, v.index, scale))
+    return (*chain, j, FusedAttention(specs[j], q.index, k.index, v.index, scaling,
+                                      k_transposed=k is kt,
+                                      bias=None if bias is None else bias.index))
+
+
+def _attention_bias(spec: KernelCallSpec, scores: int) -> TensorArg | None:
+    """The tensor ``spec`` adds to the attention scores in slot ``scores`` (``alpha`` 1,
+    float32, of a static shape that broadcasts to theirs), or None."""
+    if (spec.op, spec.overload) != ("aten::add", "Tensor") or _static(spec, "alpha", 1) != 1:
+        return None
+    a, b = _tensor_operand(spec, "self"), _tensor_operand(spec, "other")
+    if a is None or b is None or a.index == b.index or scores not in (a.index, b.index):
+        return None
+    s, bias = (a, b) if a.index == scores else (b, a)
+    if bias.spec.dtype != "float32" or s.spec.is_symbolic or bias.spec.is_symbolic:
+        return None
+    try:
+        if torch.broadcast_shapes(tuple(s.spec.shape), tuple(bias.spec.shape)) \
+                != tuple(s.spec.shape):
+            return None
+    except RuntimeError:
+        return None
+    return bias
 
 
 def _is_last_dim_softmax(spec: KernelCallSpec) -> bool:

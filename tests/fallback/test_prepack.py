@@ -225,6 +225,43 @@ def test_written_out_attention_runs_as_one_fused_kernel(scale_by_mul):
     assert sum(f is prepack.DEFERRED for f in plan.values()) == 4
 
 
+class BiasedAttention(torch.nn.Module):
+    """LeViT's attention: k^T by a permute, the scores scaled and given a per-head bias."""
+
+    def __init__(self, dv):
+        super().__init__()
+        self.dv = dv
+        self.qkv = torch.nn.Linear(32, 4 * (16 + dv))
+        self.bias = torch.nn.Parameter(torch.randn(4, 16, 16))
+
+    def forward(self, x):
+        b, n, _ = x.shape
+        q, k, v = self.qkv(x).view(b, n, 4, -1).split([8, 8, self.dv], dim=3)
+        q, k, v = q.permute(0, 2, 1, 3), k.permute(0, 2, 3, 1), v.permute(0, 2, 1, 3)
+        attn = (q @ k * 0.35 + self.bias).softmax(dim=-1)
+        return (attn @ v).transpose(1, 2).reshape(b, n, 4 * self.dv)
+
+
+@pytest.mark.parametrize("dv", [8, 16])
+def test_attention_with_a_bias_and_k_transposed_by_a_permute_runs_as_one_kernel(dv):
+    torch.manual_seed(0)
+    m = BiasedAttention(dv).eval()
+    x = torch.randn(2, 16, 32)
+    packed = _prepacked(m, x)
+    with torch.no_grad():
+        for _ in range(2):
+            if dv == 8:  # flash attention: rounding only
+                torch.testing.assert_close(packed(x), m(x), rtol=1e-5, atol=1e-5)
+            else:  # v's head size is not q's: no fused kernel, the ops as written run
+                assert torch.equal(packed(x), m(x))
+    plan = _fusions(packed)
+    att = [f for f in plan.values() if isinstance(f, prepack.FusedAttention)]
+    assert len(att) == 1 and att[0].k_transposed and att[0].bias is not None
+    assert att[0].scale == pytest.approx(0.35)
+    # q @ k^T, the scaling, the bias add and the softmax are absorbed
+    assert sum(f is prepack.DEFERRED for f in plan.values()) == 4
+
+
 def test_attention_whose_scores_are_also_returned_is_not_fused():
     class Leaky(Attention):
         def forward(self, x):
