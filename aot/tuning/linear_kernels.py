@@ -5,7 +5,7 @@ constant weight: oneDNN's (``mkldnn._linear_pointwise`` on a weight reordered on
 activation fused as a post-op) and MKL's (``mkl._mkl_linear`` on a weight packed once
 for the batch, the activation in place after it). Neither wins everywhere. On an AMD
 Zen 5 MKL takes its AVX2 path and oneDNN runs 1.3-2.3x faster; on an Intel Xeon
-(2 cores, AVX-512) MKL's packed weight is 1.1-1.5x faster on most of ViT's, BERT's and
+(2 cores, AVX-512) MKL's packed weight is 1.1-1.8x faster on most of ViT's, BERT's and
 LeViT's products (16x384x768: 64 us against 96; 197x768x2304: 3.5 ms against 4.0) and
 oneDNN ahead on others (128x768x768: 0.73 ms against 0.81).
 
