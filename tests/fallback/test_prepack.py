@@ -243,7 +243,7 @@ class BiasedAttention(torch.nn.Module):
 
 
 @pytest.mark.parametrize("dv", [8, 16])
-def test_attention_with_a_bias_and_k_transposed_by_a_permute_runs_as_one_kernel(dv):
+def test_attention_with_a_bias_and_a_permuted_k_fuses_where_flash_attention_runs(dv):
     torch.manual_seed(0)
     m = BiasedAttention(dv).eval()
     x = torch.randn(2, 16, 32)
