@@ -496,23 +496,19 @@ def _packed_ms(node: torch.fx.Node) -> float | None:
         return None
     x, w, b = [_real(v, "cpu") if isinstance(v, torch.Tensor) else v
                for v in (list(vals) + [None])[:3]]
-    if node.target is _aten.linear.default and w.dim() == 2 and onednn_linear_available():
-        batch = x.numel() // x.shape[-1]
-        packed = onednn_linear_weight(w, batch)
-
-        def fn():
-            torch.ops.mkldnn._linear_pointwise(x, packed, b, "none", [], "")
-        if mkl_linear_available():  # the region runs the faster of the two (linear_kernels)
-            mkl = torch.ops.mkl._mkl_reorder_linear_weight(w, batch)
-            with torch.no_grad():
-                return min(_median_ms(fn),
-                           _median_ms(lambda: torch.ops.mkl._mkl_linear(x, mkl, w, b, batch)))
-    elif node.target is _aten.linear.default and w.dim() == 2 and mkl_linear_available():
-        batch = x.numel() // x.shape[-1]
-        packed = torch.ops.mkl._mkl_reorder_linear_weight(w, batch)
-
-        def fn():
-            torch.ops.mkl._mkl_linear(x, packed, w, b, batch)
+    if node.target is _aten.linear.default and w.dim() == 2 \
+            and (onednn_linear_available() or mkl_linear_available()):
+        # the region runs the faster of the two kernels it has (linear_kernels)
+        batch, kernels = x.numel() // x.shape[-1], []
+        if onednn_linear_available():
+            reordered = onednn_linear_weight(w, batch)
+            kernels.append(lambda: torch.ops.mkldnn._linear_pointwise(
+                x, reordered, b, "none", [], ""))
+        if mkl_linear_available():
+            packed = torch.ops.mkl._mkl_reorder_linear_weight(w, batch)
+            kernels.append(lambda: torch.ops.mkl._mkl_linear(x, packed, w, b, batch))
+        with torch.no_grad():
+            return min(_median_ms(fn) for fn in kernels)
     elif node.target in (_aten.conv2d.default, _aten.convolution.default) and available() \
             and w.dim() == 4 and x.dim() == 4 and tuple(x.shape[2:]) != (1, 1):
         if node.target is _aten.convolution.default and vals[6]:
