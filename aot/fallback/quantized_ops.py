@@ -44,7 +44,8 @@ import torch
 
 __all__ = ["NAMESPACE", "QUANT_OPERANDS", "PREPACKED", "IMPLS", "FLOAT_MATH_IMPLS", "UNARY",
            "QuantOperands", "Unary", "packing_engine_available", "compile_engine",
-           "pinned_engine", "requantizing_kernel", "float_math", "cpu_has", "saturates"]
+           "pinned_engine", "requantizing_kernel", "onednn_combines_scales", "float_math",
+           "cpu_has", "saturates"]
 
 NAMESPACE = "aot_q"
 _lib = torch.library.Library(NAMESPACE, "DEF")
@@ -429,6 +430,56 @@ def requantizing_kernel(op: str, groups: int = 1) -> str:
     if engine == "x86" and op == "conv2d" and groups <= 100 and _x86_picks_onednn_here():
         return "onednn-if-symmetric"
     return "fbgemm"
+
+
+def onednn_combines_scales(x_shape, w_shape, stride=(1, 1), padding=(0, 0), dilation=(1, 1),
+                           groups: int = 1) -> bool:
+    """Whether oneDNN's int8 kernel for this convolution (``w_shape`` 4-d) or linear
+    (2-d), under the current engine on this machine, multiplies its int32 accumulator
+    by the float32 product of the input and weight scales (its AMX kernels) rather than
+    by one scale, then the other (its AVX512-VNNI kernels). oneDNN picks the kernel per
+    shape (small or odd-sized products stay on VNNI on a CPU with AMX), so the answer
+    is measured on the shape itself: weights with one tap of 91 against inputs of 112
+    (zero point 65) sum to 4277 in every output the tap reaches, which the two orders
+    requantize to 26 (separately) and 25 (combined) with the scales below."""
+    key = (torch.backends.quantized.engine, *(tuple(_hint(d) for d in s) for s in
+           (x_shape, w_shape, stride, padding, dilation)), int(groups))
+    return _combines_scales(key)
+
+
+def _hint(d) -> int:
+    """A dimension as an int (a symbolic one: its example value)."""
+    return d if isinstance(d, int) else int(getattr(d.node, "hint", None) or 1)
+
+
+_PROBE_SX, _PROBE_SW, _PROBE_B, _PROBE_SO = (0.09267650544643402, 0.0021571461111307144,
+                                             -4.471242931458619e-09, 0.03353113681077957)
+
+
+@functools.cache
+def _combines_scales(key) -> bool:
+    from torch._subclasses.fake_tensor import unset_fake_temporarily
+    from torch.fx.experimental.proxy_tensor import disable_proxy_modes_tracing
+
+    _, x_shape, w_shape, stride, padding, dilation, groups = key
+    o = w_shape[0]
+    # asked while a decomposition is traced: real tensors, nothing recorded
+    with unset_fake_temporarily(), disable_proxy_modes_tracing(), torch.no_grad():
+        w = torch.zeros(w_shape, dtype=torch.int8)
+        w[(slice(None), 0, *([0] * (len(w_shape) - 2)))] = 91
+        scales = torch.full((o,), _PROBE_SW, dtype=torch.double)
+        qw = torch._make_per_channel_quantized_tensor(w, scales, torch.zeros(o, dtype=torch.long), 0)
+        qx = torch._make_per_tensor_quantized_tensor(
+            torch.full(x_shape, 112, dtype=torch.uint8), _PROBE_SX, 65)
+        bias = torch.full((o,), _PROBE_B)
+        if len(w_shape) == 2:
+            packed = torch.ops.quantized.linear_prepack(qw, bias)
+            out = torch.ops.quantized.linear_relu(qx, packed, _PROBE_SO, 0)
+        else:
+            packed = torch.ops.quantized.conv2d_prepack(qw, bias, list(stride), list(padding),
+                                                        list(dilation), groups)
+            out = torch.ops.quantized.conv2d_relu(qx, packed, _PROBE_SO, 0)
+        return bool((out.int_repr() == 25).any())
 
 
 @functools.cache

@@ -36,7 +36,8 @@ import torch
 import torch.nn.functional as F
 
 from ..errors import UnsupportedOp
-from ..fallback.quantized_ops import UNARY, requantizing_kernel  # (defines torch.ops.aot_q)
+from ..fallback.quantized_ops import (  # (defines torch.ops.aot_q)
+    UNARY, onednn_combines_scales, requantizing_kernel)
 from .registry import register_decomposition
 
 __all__: list[str] = []
@@ -62,10 +63,12 @@ def _centered(x: torch.Tensor, zp) -> torch.Tensor:
 
 
 def _requantized(acc, x_scale, w_scales, w_zero_points, bias, out_scale, out_zero_point,
-                 relu, shape, kernel: str) -> torch.Tensor:
+                 relu, shape, kernel: str, combined: bool = False) -> torch.Tensor:
     """A conv's or linear's int32 accumulator requantized as ATen's ``kernel`` does
     (``quantized_ops.requantizing_kernel``); the float steps in the kernel's order,
-    each rounded to float32 as there, so near-ties fall the same way."""
+    each rounded to float32 as there, so near-ties fall the same way. ``combined``:
+    oneDNN's kernel multiplies by the scales' product
+    (``quantized_ops.onednn_combines_scales``)."""
     if kernel == "qnnpack":
         # qnnpack quantizes the bias to int32 (ATen's quantize: times float32(1 / scale),
         # not over it) and adds it to the accumulator
@@ -80,7 +83,7 @@ def _requantized(acc, x_scale, w_scales, w_zero_points, bias, out_scale, out_zer
     if kernel == "fbgemm":
         return fbgemm
     onednn = _onednn_requantized(acc, x_scale, w_scales, bias, out_scale, out_zero_point,
-                                 relu, shape)
+                                 relu, shape, combined)
     if kernel == "onednn":
         return onednn
     # "onednn-if-symmetric": x86 packs the weight for oneDNN when its zero points are all 0
@@ -110,17 +113,22 @@ def _f32_reciprocal_twice(v: float) -> float:
     return float(np.float32(1) / np.float32(1.0 / v))
 
 
-def _onednn_requantized(acc, x_scale, w_scales, bias, out_scale, out_zero_point, relu, shape):
+def _onednn_requantized(acc, x_scale, w_scales, bias, out_scale, out_zero_point, relu, shape,
+                        combined=False):
     """oneDNN, as PyTorch calls it: the input and output scales go to ideep as their
     float32 reciprocals and oneDNN inverts them again; the weight scales go as they
     are, in float32 (inverting them twice too would put a few outputs in ten million a
     step off; as they are, none). Then
     ``((acc * sx) * sw + b) * (1 / so) + zo``, each step in float32, the zero point
-    added before rounding."""
+    added before rounding; where its kernel combines the scales,
+    ``(acc * (sx * sw) + b) * (1 / so) + zo``."""
     sx = _f32_reciprocal_twice(x_scale)
     inv_so = float(np.float32(1) / np.float32(_f32_reciprocal_twice(out_scale)))
     sw = w_scales.to(torch.float32)
-    y = _rounded_product(acc.to(torch.float32) * sx, sw.reshape(shape))
+    if combined:  # its AMX kernels: one multiply by float32(sx * sw)
+        y = _rounded_product(acc.to(torch.float32), sw.reshape(shape) * sx)
+    else:
+        y = _rounded_product(acc.to(torch.float32) * sx, sw.reshape(shape))
     if bias is not None:
         y = y + bias.to(torch.float32).reshape(shape)
     y = torch.round(_rounded_product(y, inv_so) + float(out_zero_point))
@@ -170,8 +178,11 @@ def _conv_accumulate(x, w, w_zero_points, stride, padding, dilation, groups, x_z
 def _conv2d(x, w, w_scales, w_zero_points, axis, bias, stride, padding, dilation, groups,
             x_scale, x_zero_point, out_scale, out_zero_point, relu):
     acc = _conv_accumulate(x, w, w_zero_points, stride, padding, dilation, groups, x_zero_point)
+    kernel = requantizing_kernel("conv2d", groups)
+    combined = kernel.startswith("onednn") and onednn_combines_scales(
+        x.shape, w.shape, stride, padding, dilation, groups)
     return _requantized(acc, x_scale, w_scales, w_zero_points, bias, out_scale, out_zero_point,
-                        relu, (1, -1, 1, 1), requantizing_kernel("conv2d", groups))
+                        relu, (1, -1, 1, 1), kernel, combined)
 
 
 @register_decomposition(aot_q.linear.default)
@@ -180,8 +191,10 @@ def _linear(x, w, w_scales, w_zero_points, axis, bias, x_scale, x_zero_point, ou
     wi = w.to(torch.int32) - w_zero_points.to(torch.int32).reshape(-1, 1)
     xi = _centered(x, x_zero_point)
     acc = torch.matmul(xi.reshape(-1, xi.shape[-1]), wi.t())
+    kernel = requantizing_kernel("linear")
+    combined = kernel == "onednn" and onednn_combines_scales(x.shape, w.shape)
     y = _requantized(acc, x_scale, w_scales, w_zero_points, bias, out_scale, out_zero_point,
-                     relu, (1, -1), requantizing_kernel("linear"))
+                     relu, (1, -1), kernel, combined)
     return y.reshape(*x.shape[:-1], w.shape[0])
 
 

@@ -75,6 +75,46 @@ def test_onednn_convolution_takes_the_weight_scales_as_they_are(xs, ws, sx, zx, 
     torch.testing.assert_close(got, aten, rtol=0, atol=0)
 
 
+@pytest.mark.parametrize("engine", ["x86", "onednn"])
+@pytest.mark.parametrize("x_shape,w_shape,groups", [
+    ((1, 23, 1, 1), (16, 23, 1, 1), 1),  # small and odd: VNNI's kernel even with AMX
+    ((2, 32, 8, 8), (192, 32, 1, 1), 1),  # AMX's where the CPU has it (MobileNetV2's)
+    ((1, 32, 16, 16), (48, 32, 3, 3), 1),
+    ((1, 16, 8, 8), (16, 1, 3, 3), 16),  # depthwise
+    ((8, 64), (32, 64), 1),  # a linear (oneDNN's only under the onednn engine)
+], ids=["1x1 small", "1x1", "3x3", "depthwise", "linear"])
+@pytest.mark.skipif(not VNNI, reason="oneDNN's int8 kernel on a CPU without AVX512-VNNI "
+                    "saturates on 8-bit activations")
+def test_onednn_scale_order_follows_the_kernel_onednn_picks(engine, x_shape, w_shape, groups):
+    """Every output of these sums to 4277, a tie when requantized: 25.5 with the input
+    and weight scales applied one after the other (oneDNN's AVX512-VNNI kernels), one
+    float32 step under with their product (its AMX kernels, on the shapes it gives
+    them). The decomposition follows whichever kernel this machine runs."""
+    _engine(engine)
+    from aot.fallback import quantized_ops as q
+
+    o = w_shape[0]
+    w = torch.zeros(w_shape, dtype=torch.int8)
+    w[(slice(None), 0, *([0] * (len(w_shape) - 2)))] = 91
+    x = torch.full(x_shape, 112, dtype=torch.uint8)
+    sw = torch.full((o,), q._PROBE_SW, dtype=torch.double)
+    zw = torch.zeros(o, dtype=torch.long)
+    bias = torch.full((o,), q._PROBE_B)
+    qw = torch._make_per_channel_quantized_tensor(w, sw, zw, 0)
+    qx = torch._make_per_tensor_quantized_tensor(x, q._PROBE_SX, 65)
+    if len(w_shape) == 2:
+        want = torch.ops.quantized.linear_relu(qx, torch.ops.quantized.linear_prepack(qw, bias),
+                                               q._PROBE_SO, 0)
+        got = d._linear(x, w, sw, zw, 0, bias, q._PROBE_SX, 65, q._PROBE_SO, 0, True)
+    else:
+        packed = torch.ops.quantized.conv2d_prepack(qw, bias, [1, 1], [0, 0], [1, 1], groups)
+        want = torch.ops.quantized.conv2d_relu(qx, packed, q._PROBE_SO, 0)
+        got = d._conv2d(x, w, sw, zw, 0, bias, [1, 1], [0, 0], [1, 1], groups, q._PROBE_SX, 65,
+                        q._PROBE_SO, 0, True)
+    assert set(want.int_repr().unique().tolist()) <= {25, 26}  # each output on the tie
+    torch.testing.assert_close(got, want.int_repr(), rtol=0, atol=0)
+
+
 def test_qnnpack_requantization_scale_is_times_the_reciprocal():
     """qnnpack's scale is ``(sw * sx) * float32(1 / so)``; ``(sw * sx) / so`` makes this
     output (GoogLeNet's, per-tensor weights) exactly 55.5 and rounds it to 56."""
