@@ -31,7 +31,6 @@ import os
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -86,10 +85,14 @@ def ort_side(name: str, calls: int) -> dict:
     import onnxruntime as ort
     import torch
 
-    from aot.bench.peers import _numpy, _onnx_file
+    from aot.bench.peers import _onnx_file, _scratch
     model, example = _model(name)
-    path = _onnx_file(model, example)
-    feeds = None
+    with _onnx_file(model, example) as path, _scratch("aot-ort-prof-") as prof_dir:
+        return _ort_profile(ort, torch, path, prof_dir, example, calls)
+
+
+def _ort_profile(ort, torch, path: str, prof_dir: str, example, calls: int) -> dict:
+    from aot.bench.peers import _numpy
 
     def session(profile: bool):
         opts = ort.SessionOptions()
@@ -97,7 +100,7 @@ def ort_side(name: str, calls: int) -> dict:
         opts.intra_op_num_threads = torch.get_num_threads()
         if profile:
             opts.enable_profiling = True
-            opts.profile_file_prefix = os.path.join(tempfile.mkdtemp(prefix="aot-ort-prof-"), "p")
+            opts.profile_file_prefix = os.path.join(prof_dir, "p")
         return ort.InferenceSession(path, opts, providers=["CPUExecutionProvider"])
 
     plain = session(False)

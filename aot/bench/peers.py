@@ -21,7 +21,9 @@ model (the row gives the first line).
 
 from __future__ import annotations
 
+import contextlib
 import os
+import shutil
 import tempfile
 
 import torch
@@ -59,24 +61,36 @@ def _aotinductor(model, example, target):
 
     if not hasattr(inductor, "aoti_compile_and_package"):
         raise PeerMissing(f"torch {torch.__version__} has no aoti_compile_and_package")
-    with torch.no_grad():
+    with torch.no_grad(), _scratch("aot-bench-aoti-") as d:
         ep = torch.export.export(model, tuple(example))
-        path = os.path.join(tempfile.mkdtemp(prefix="aot-bench-aoti-"), "model.pt2")
+        path = os.path.join(d, "model.pt2")
         inductor.aoti_compile_and_package(ep, package_path=path)
-    return inductor.aoti_load_package(path)
+        return inductor.aoti_load_package(path)  # unpacks it: the package can go
 
 
-def _onnx_file(model, example) -> str:
+@contextlib.contextmanager
+def _scratch(prefix: str):
+    """A temporary folder, removed on leaving the block (a model file is hundreds of MB)."""
+    d = tempfile.mkdtemp(prefix=prefix)
+    try:
+        yield d
+    finally:
+        shutil.rmtree(d, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def _onnx_file(model, example):
+    """The model exported to ONNX (weights beside it), for sessions made in the block."""
     _need("onnxscript", "onnxscript")
-    path = os.path.join(tempfile.mkdtemp(prefix="aot-bench-onnx-"), "model.onnx")
-    with torch.no_grad():
-        torch.onnx.export(model, tuple(example), path, dynamo=True, external_data=True)
-    return path
+    with _scratch("aot-bench-onnx-") as d:
+        path = os.path.join(d, "model.onnx")
+        with torch.no_grad():
+            torch.onnx.export(model, tuple(example), path, dynamo=True, external_data=True)
+        yield path
 
 
 def _onnxruntime(model, example, target):
     ort = _need("onnxruntime", "onnxruntime")
-    path = _onnx_file(model, example)
     opts = ort.SessionOptions()
     opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
     opts.intra_op_num_threads = torch.get_num_threads()
@@ -86,7 +100,8 @@ def _onnxruntime(model, example, target):
             raise PeerMissing("this onnxruntime has no CUDAExecutionProvider "
                               "(pip install onnxruntime-gpu)")
         providers = ["CUDAExecutionProvider"]
-    sess = ort.InferenceSession(path, opts, providers=providers)
+    with _onnx_file(model, example) as path:  # the session holds what it read
+        sess = ort.InferenceSession(path, opts, providers=providers)
     names = [i.name for i in sess.get_inputs()]
 
     def run(*args):
