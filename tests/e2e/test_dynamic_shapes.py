@@ -256,10 +256,8 @@ def qresnet18():
 
 
 def test_quantized_resnet18_dynamic_batch_both_modes(qresnet18):
-    """Fallback mode is eager int8 bit for bit at every batch; compiled int8 (coverage)
-    gives at every batch exactly what a static artifact compiled for that batch gives
-    (its own agreement with eager int8, 99.7% within one step at 64x64 with random
-    weights, is issue 17's subject, not the dynamic dimension's)."""
+    """Both modes are eager int8 bit for bit at every batch: fallback mode runs ATen's
+    kernels, compiled int8 (coverage) integer arithmetic that rounds as they do."""
     from tests.e2e.test_quantized import AOT_Q_OPS
     model, x = qresnet18
     batch = ({0: Dim("batch", min=1, max=16)},)
@@ -269,10 +267,10 @@ def test_quantized_resnet18_dynamic_batch_both_modes(qresnet18):
     g = torch.Generator().manual_seed(3)
     for n in (1, 3, 16):
         xi = torch.randn(n, 3, 64, 64, generator=g)
-        torch.testing.assert_close(fallback(xi), model(xi), rtol=0, atol=0)  # ATen int8
-        if n == 3:
-            static = aot.compile(model, (xi,), placement="coverage")
-            torch.testing.assert_close(compiled(xi), static(xi), rtol=0, atol=0)
+        with torch.no_grad():
+            want = model(xi)
+        torch.testing.assert_close(fallback(xi), want, rtol=0, atol=0)
+        torch.testing.assert_close(compiled(xi), want, rtol=0, atol=0)
 
 
 def test_compiling_a_dynamic_model_for_cuda_needs_no_device():
