@@ -119,8 +119,10 @@ def format_report(manifest: Manifest) -> str:
         lines.append("ATen regions run convolutions channels-last (NHWC)")
     if ex.get("prepack"):
         mkl = ex.get("mkl_linears") or []
-        linears = (f"linears (oneDNN, activations fused; {len(mkl)} shape(s) measured faster "
-                   "on MKL run there)" if mkl else "linears (oneDNN, activations fused)")
+        convs = sum(s.startswith("conv1x1:") for s in mkl)
+        linears = (f"linears (oneDNN, activations fused; {len(mkl) - convs} linear and {convs} "
+                   "1x1 convolution shape(s) measured faster on MKL run there)" if mkl
+                   else "linears (oneDNN, activations fused)")
         lines.append("ATen regions run on prepacked CPU kernels: convolutions (oneDNN, ReLU and "
                      f"residual adds fused) and {linears} on weights packed once, written-out "
                      "attention as one fused kernel")

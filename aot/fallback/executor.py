@@ -92,9 +92,10 @@ class ExecOptions:
     ``retained_heap_bytes``: freed memory the C heap keeps between calls, planned at
     compile from the kernel calls' intermediates (``aot.fallback.heap``); 0 leaves
     the heap as it is.
-    ``mkl_linears``: under ``prepack``, the signatures (``prepack.linear_signature``)
-    of linears that run on MKL's packed weight rather than oneDNN's, measured faster
-    there at compile (``aot.tuning.linear_kernels``).
+    ``mkl_linears``: under ``prepack``, the signatures (``prepack.linear_signature``,
+    ``prepack.conv1x1_signature``) of linears and 1x1 convolutions that run on MKL's
+    packed weight rather than oneDNN's, measured faster there at compile
+    (``aot.tuning.linear_kernels``).
     """
 
     memory_format: str = "contiguous"

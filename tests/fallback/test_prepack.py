@@ -381,6 +381,72 @@ def test_kernel_choice_is_measured_once_per_machine_and_recorded(tmp_path, monke
         torch.testing.assert_close(CompiledModule(chosen)(x), m(x), rtol=1e-4, atol=1e-4)
 
 
+class Pointwise(torch.nn.Module):
+    """1x1 convolutions: one with ReLU6 after it, one with a residual add, one strided
+    (no linear over its pixels) and one without a bias."""
+
+    def __init__(self):
+        super().__init__()
+        self.expand = torch.nn.Conv2d(8, 32, 1)
+        self.project = torch.nn.Conv2d(32, 8, 1)
+        self.down = torch.nn.Conv2d(8, 16, 1, stride=2)
+        self.plain = torch.nn.Conv2d(16, 4, 1, bias=False)
+
+    def forward(self, x):
+        y = self.project(torch.nn.functional.hardtanh(self.expand(x), 0.0, 6.0)) + x
+        return self.plain(self.down(y))
+
+
+@needs_both_linears
+def test_one_by_one_convolutions_listed_for_mkl_run_there_with_add_and_activation_after():
+    torch.manual_seed(0)
+    m = Pointwise().eval()
+    x = torch.randn(2, 8, 12, 12)
+    allm = aot.compile(m, (x,), fallback="all")
+    cand = _with_executor(allm.artifact, ExecOptions("channels_last", prepack=True))
+    sigs = sorted(linear_kernels.sites(cand))
+    # rows (2 x 12 x 12 pixels, or 2 x 6 x 6 after the stride) x in x out, the bias, the
+    # add and the activation each kernel runs; the strided one is none
+    assert sigs == ["conv1x1:288x32x8+bias+add", "conv1x1:288x8x32+bias+hardtanh,0,6",
+                    "conv1x1:72x16x4"]
+    packed = CompiledModule(_with_executor(
+        allm.artifact, ExecOptions("channels_last", prepack=True, mkl_linears=tuple(sigs))))
+    with torch.no_grad():
+        ref = m(x)
+        for _ in range(2):  # MKL accumulates in its own order: rounding only
+            torch.testing.assert_close(packed(x), ref, rtol=1e-4, atol=1e-4)
+    kinds = sorted(type(f).__name__ for f in _fusions(packed).values()
+                   if isinstance(f, prepack.PackedConv))
+    assert kinds == ["MklConv1x1"] * 3 + ["PackedConv"]
+
+
+@needs_both_linears
+def test_one_by_one_convolutions_are_timed_with_what_they_fuse(tmp_path, monkeypatch):
+    monkeypatch.setenv("AOT_CACHE_DIR", str(tmp_path))
+    torch.manual_seed(0)
+    m = Pointwise().eval()
+    x = torch.randn(2, 8, 12, 12)
+    allm = aot.compile(m, (x,), fallback="all")
+    cand = _with_executor(allm.artifact, ExecOptions("channels_last", prepack=True))
+    calls, real = [], linear_kernels.timed_conv1x1
+
+    def timed_conv1x1(n, c, h, w, o, bias, add, post_op):
+        calls.append((n, c, h, w, o, bias, add, post_op and post_op.attr))
+        return {"onednn": 1.0, "mkl": 0.5 if add else 2.0}
+    monkeypatch.setattr(linear_kernels, "timed_conv1x1", timed_conv1x1)
+    chosen = linear_kernels.choose(cand, get_target("cpu"))
+    assert chosen.manifest.executor["mkl_linears"] == ["conv1x1:288x32x8+bias+add"]
+    assert sorted(calls) == [(2, 8, 12, 12, 32, True, False, "hardtanh"),
+                             (2, 16, 6, 6, 4, False, False, None),
+                             (2, 32, 12, 12, 8, True, True, None)]
+    with torch.no_grad():
+        torch.testing.assert_close(CompiledModule(chosen)(x), m(x), rtol=1e-4, atol=1e-4)
+    # the real timer runs both kernels, with the add and the activation
+    relu = prepack.PostOp("relu", [], "", lambda y, s, a: torch.relu_(y))
+    times = real(1, 8, 4, 4, 8, True, True, relu)
+    assert set(times) == {"onednn", "mkl"} and min(times.values()) > 0
+
+
 def test_executor_mkl_linears_must_be_a_list_of_signatures():
     assert ExecOptions.from_json({"mkl_linears": ["8x16x16+bias"]}).mkl_linears \
         == ("8x16x16+bias",)
