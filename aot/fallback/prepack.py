@@ -538,12 +538,11 @@ def plan_fusions(members: list, n_inputs: int, output_slots, convs: bool,
             if convs and other is None and _matvec_conv(members[i]):
                 plan[chain[-1]] = MatvecConv(members[i], unary)
                 continue
-            conv = PackedConv(members[i], unary, other, x.spec.shape,
-                              row_major=not convs and slot_of[chain[-1]] not in nhwc_out)
-            if conv.signature is not None and conv.signature in mkl_linears \
-                    and mkl_linear_available():
-                conv = MklConv1x1(members[i], unary, other, x.spec.shape, conv.row_major)
-            plan[chain[-1]] = conv
+            on_mkl = conv1x1_signature(s, unary, other is not None) in mkl_linears \
+                and mkl_linear_available()
+            plan[chain[-1]] = (MklConv1x1 if on_mkl else PackedConv)(
+                members[i], unary, other, x.spec.shape,
+                row_major=not convs and slot_of[chain[-1]] not in nhwc_out)
         elif _onednn_linear(s):
             x = _tensor_operand(s, "input")
             batch = None if x.spec.is_symbolic else math.prod(x.spec.shape[:-1])
