@@ -33,6 +33,8 @@ from .cuda_graph import GraphedRegion
 from .heap import MAX_BYTES as MAX_HEAP_BYTES
 from .layout import CONV_OPS, ChannelsLast, has_conv, layout_safe
 from .omp_threads import on_this_thread_alone
+from . import onednn_graph
+from .onednn_graph import FusedGraph
 from .prepack import DEFERRED, plan_fusions
 from .quantized_ops import FLOAT_MATH_IMPLS, IMPLS, PREPACKED, packing_engine_available
 from .quantized_ops import NAMESPACE as QUANTIZED_NAMESPACE
@@ -106,6 +108,7 @@ class ExecOptions:
     one_thread_calls: tuple[str, ...] = ()
     retained_heap_bytes: int = 0
     mkl_linears: tuple[str, ...] = ()
+    onednn_graph: bool = False
 
     def to_json(self) -> dict:
         return {"memory_format": self.memory_format, "cuda_graphs": self.cuda_graphs,
@@ -113,7 +116,8 @@ class ExecOptions:
                 "int8_float_math": self.int8_float_math,
                 "one_thread_calls": list(self.one_thread_calls),
                 "retained_heap_bytes": self.retained_heap_bytes,
-                **({"mkl_linears": list(self.mkl_linears)} if self.mkl_linears else {})}
+                **({"mkl_linears": list(self.mkl_linears)} if self.mkl_linears else {}),
+                **({"onednn_graph": True} if self.onednn_graph else {})}
 
     @staticmethod
     def from_json(d: dict | None) -> "ExecOptions":
@@ -140,9 +144,12 @@ class ExecOptions:
                                                 for k in mkl):
             raise ArtifactError("executor mkl_linears should be a list of linear signatures",
                                 stage="load")
+        graph = d.get("onednn_graph", False)
+        if graph.__class__ is not bool:
+            raise ArtifactError("executor onednn_graph should be true or false", stage="load")
         return ExecOptions(fmt, bool(d.get("cuda_graphs", True)), bool(d.get("prepack", False)),
                            engine, bool(d.get("int8_float_math", False)), tuple(one), heap,
-                           tuple(mkl))
+                           tuple(mkl), graph)
 
 
 _from_dlpack = torch._C._from_dlpack  # torch.from_dlpack without its Python dispatch
@@ -300,6 +307,13 @@ class _KernelCall:
         self.adapt = any(m[3] for m in self.members) or any(
             s.qparams is not None for s in self.spec.inputs)
         symbolic = any(s.is_symbolic for s in self.spec.inputs)
+        self.graph = None
+        if options.onednn_graph and self.torch_device.type == "cpu" and not symbolic \
+                and not self.adapt and not self.on_cpu and set(self.kinds) <= {"t"} \
+                and onednn_graph.available():
+            # traced on its first call: constants in, the crossing operands as its inputs
+            self.graph = FusedGraph(self._run_members, [c for _, c in self.operand_plan],
+                                    self.spec.key)
         if options.cuda_graphs and self.driver == "cuda" and not self.on_cpu and not symbolic:
             # (a graph captured for one shape would be replayed for another: a dynamic
             # artifact's groups run without CUDA graphs)
@@ -368,7 +382,9 @@ class _KernelCall:
             tensors = ([s.from_storage(t) for s, t in zip(self.spec.inputs, raw)]
                        if self.quantized_inputs else raw)
         if self.spec.is_group:
-            outs = self.region(tensors) if self.region is not None else self._run_members(tensors)
+            outs = (self._run_graph(crossing) if self.graph is not None
+                    else self.region(tensors) if self.region is not None
+                    else self._run_members(tensors))
         else:
             args, kwargs = self.bound.bind(tensors, scalars)
             out = self._call(self.spec, self.call, args, kwargs)
@@ -387,6 +403,16 @@ class _KernelCall:
             else:
                 vals.append(float(r) if kind == "f" else int(r))
         return vals
+
+    def _run_graph(self, crossing: list) -> list:
+        try:
+            return self.graph(crossing)
+        except KernelCallFailed:
+            raise
+        except Exception as e:
+            raise KernelCallFailed(f"the oneDNN graph of {self.spec.key} raised "
+                                   f"{type(e).__name__}: {e}", op=self.spec.qualified_name,
+                                   location=self.spec.location) from e
 
     def _call(self, spec, op, args, kwargs):
         try:

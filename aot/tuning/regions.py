@@ -40,6 +40,10 @@ per invocation and per crossing can exceed what its code saves.
   and linears on weights packed once and ReLU / residual adds fused into the
   convolutions (``aot.fallback.prepack``), convolutions NHWC where every
   grouped op is layout-safe (``aot.fallback.layout``);
+- ``aten-onednn-graph`` (CPU, where torch reaches oneDNN Graph, programs without
+  quantized ops): the ``aten`` region traced once into one graph that oneDNN fuses
+  and compiles (``aot.fallback.onednn_graph``): a convolution or linear then costs
+  the host a fraction of what each ATen call does;
 - ``aten-channels-last`` (elsewhere, e.g. CUDA): the ``aten`` region with
   convolutions run NHWC, for programs whose grouped ops are all layout-safe;
 
@@ -131,7 +135,7 @@ import torch
 import torch.utils._pytree as pytree
 
 from ..artifact import CompiledArtifact
-from ..fallback import prepack
+from ..fallback import onednn_graph, prepack
 from ..backend.build import compile_program, host_artifact
 from ..backend.lower import lower
 from ..forms.compiled_forms import FORMS
@@ -415,7 +419,7 @@ def aten_far_ahead(imported: ImportedProgram, target: Target, policy: PlacementP
 
 # the fixed order near-ties are settled in: the per-op placement first, then the simpler regions
 _ORDER = ["iree", "iree-sync", "iree-one-thread", "iree-tiled", "iree-tiled-sync", "iree-coverage",
-          "aten", "aten-prepacked", "aten-channels-last"]
+          "aten", "aten-prepacked", "aten-onednn-graph", "aten-channels-last"]
 _RULE = 6  # the decision rule's version, part of the cache key
 _CONFIDENCE = 2.0  # a lead counts when it exceeds this many standard errors of the difference
 
@@ -618,6 +622,10 @@ def aten_candidates(imported: ImportedProgram, target: Target) -> dict:
                 and (has_conv(ops) or {"aten::linear", "aten::matmul"} & set(ops)):
             cands["aten-prepacked"] = _with_executor(
                 aten, ExecOptions("channels_last" if nhwc else "contiguous", prepack=True))
+            if onednn_graph.available() and not (aten.manifest.executor or {}).get(
+                    "quantized_engine"):
+                cands["aten-onednn-graph"] = _with_executor(aten,
+                                                            ExecOptions(onednn_graph=True))
         elif nhwc:
             cands["aten-channels-last"] = _with_executor(aten, ExecOptions("channels_last"))
     except Exception as e:  # an ATen region is an optimisation: without it, per-op stands

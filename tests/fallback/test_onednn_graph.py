@@ -1,0 +1,127 @@
+"""ATen groups run as one oneDNN Graph program (``ExecOptions(onednn_graph=True)``)."""
+
+import os
+import warnings
+
+import pytest
+import torch
+
+import aot
+from aot.errors import ArtifactError
+from aot.fallback import onednn_graph
+from aot.fallback.executor import ExecOptions
+from aot.fallback.onednn_graph import FusedGraph
+from aot.runtime.module import CompiledModule
+from aot.tuning.regions import _with_executor, aten_candidates
+
+pytestmark = pytest.mark.skipif(not onednn_graph.available(),
+                                reason="this torch build reaches no oneDNN Graph (x86 only)")
+
+
+class Net(torch.nn.Module):
+    """What oneDNN Graph fuses (convolution + bias + activation, + residual add, a
+    depthwise convolution, pooling, a linear + activation) and what it does not
+    (squeeze-excitation's pooled scaling, a view), with two results."""
+
+    def __init__(self):
+        super().__init__()
+        self.stem = torch.nn.Conv2d(3, 16, 3, stride=2, padding=1)
+        self.dw = torch.nn.Conv2d(16, 16, 3, padding=1, groups=16)
+        self.pw = torch.nn.Conv2d(16, 16, 1)
+        self.se1 = torch.nn.Conv2d(16, 4, 1)
+        self.se2 = torch.nn.Conv2d(4, 16, 1)
+        self.fc = torch.nn.Linear(16, 10)
+
+    def forward(self, x):
+        x = torch.nn.functional.hardswish(self.stem(x))
+        y = torch.relu(self.pw(torch.relu(self.dw(x))) + x)
+        s = torch.sigmoid(self.se2(torch.relu(self.se1(y.mean((2, 3), keepdim=True)))))
+        y = torch.nn.functional.max_pool2d(y * s, 2)
+        return torch.nn.functional.gelu(self.fc(y.mean((2, 3)))), y
+
+
+def _graph_module(m, x):
+    """``m`` as one ATen region run as a oneDNN graph."""
+    allm = aot.compile(m, (x,), fallback="all")
+    return CompiledModule(_with_executor(allm.artifact, ExecOptions(onednn_graph=True)))
+
+
+def _group(cm):
+    return cm.host.functions[cm.manifest["kernel_calls"][0]["key"]]
+
+
+def test_group_runs_as_fused_onednn_graph_and_matches_eager():
+    torch.manual_seed(0)
+    m = Net().eval()
+    x = torch.randn(1, 3, 32, 32)
+    cm = _graph_module(m, x)
+    with torch.no_grad():
+        for i in range(3):  # the first call traces and fuses; later ones run the graph
+            xi = x if i == 0 else torch.randn(1, 3, 32, 32)
+            got, ref = cm(xi), m(xi)
+            for g, r in zip(got, ref):
+                # oneDNN accumulates in another order: float rounding only
+                torch.testing.assert_close(g, r, rtol=1e-4, atol=1e-5)
+    graph = _group(cm).graph
+    assert graph.failed is None and graph.traced is not None
+    fused = str(graph.traced.graph_for(*[torch.randn(1, 3, 32, 32)]))
+    assert "prim::oneDNNFusionGroup" in fused  # oneDNN compiled partitions
+
+
+def test_onednn_graph_survives_save_and_load(tmp_path):
+    torch.manual_seed(1)
+    m = Net().eval()
+    x = torch.randn(1, 3, 32, 32)
+    cm = _graph_module(m, x)
+    path = os.path.join(tmp_path, "m.aot")
+    cm.save(path)
+    loaded = aot.load(path)
+    assert loaded.exec_options.onednn_graph
+    with torch.no_grad():
+        for g, r in zip(loaded(x), m(x)):
+            torch.testing.assert_close(g, r, rtol=1e-4, atol=1e-5)
+    assert _group(loaded).graph.traced is not None
+
+
+def test_a_trace_that_would_bake_a_tensor_value_is_dropped():
+    def run(ops):  # reads a value out of a tensor: a trace would freeze it
+        return [ops[0] * float(ops[0].sum()) + ops[1]]
+
+    const = torch.ones(3)
+    g = FusedGraph(run, [None, const], "group(test)")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # and nothing leaks a warning to the caller
+        a, b = torch.arange(3.0), torch.full((3,), 2.0)
+        assert torch.equal(g([a])[0], a * 3.0 + 1)
+        assert g.traced is None and "TracerWarning" in g.failed
+        assert torch.equal(g([b])[0], b * 6.0 + 1)  # the plain members, every call
+
+
+def test_a_trace_restores_the_fusion_switch():
+    before = torch._C._jit_llga_enabled()
+    g = FusedGraph(lambda ops: [torch.relu(ops[0])], [None], "group(test)")
+    x = torch.randn(4)
+    assert torch.equal(g([x])[0], torch.relu(x))
+    assert g.traced is not None and torch._C._jit_llga_enabled() == before
+
+
+def test_executor_entry_is_checked_on_load():
+    assert ExecOptions.from_json({"onednn_graph": True}).onednn_graph
+    assert not ExecOptions.from_json({}).onednn_graph
+    assert "onednn_graph" not in ExecOptions().to_json()  # older artifacts unchanged
+    with pytest.raises(ArtifactError, match="onednn_graph"):
+        ExecOptions.from_json({"onednn_graph": "yes"})
+
+
+def test_convolution_programs_get_the_candidate():
+    from aot.stages import export
+    from aot.toolchain.targets import get_target
+    from aot.passes.prepare import prepare
+    from aot.partition.placement import PlacementPolicy
+
+    torch.manual_seed(2)
+    imported = export(Net().eval(), (torch.randn(1, 3, 32, 32),)).imported
+    imported, _ = prepare(imported, PlacementPolicy())
+    cands = aten_candidates(imported, get_target("cpu"))
+    assert "aten-onednn-graph" in cands
+    assert cands["aten-onednn-graph"].manifest.executor["onednn_graph"] is True
