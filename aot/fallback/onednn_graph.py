@@ -16,9 +16,11 @@ call, into a TorchScript function of its crossing operands, the artifact's const
 captured as the graph's constants (oneDNN packs them once), and called from then on;
 TorchScript's executor fuses it on the first calls, which run here with the fusion on.
 Tracing runs the group's own kernel calls (the recorded ops and static operands,
-nothing read from the artifact becomes code); a trace that would bake a value read out
-of a tensor (a ``TracerWarning``) or that fails is dropped, and the group runs its
-plain kernel calls, as the ``aten`` candidate does.
+nothing read from the artifact becomes code) and keeps their results; the fused graph
+then runs on the same operands and must agree with them (``disagreement``). A trace
+that would bake a value read out of a tensor (a ``TracerWarning``), that fails, or
+whose fused graph disagrees is dropped, and the group runs its plain kernel calls, as
+the ``aten`` candidate does.
 
 Values change by rounding only (oneDNN accumulates in another order). The region
 candidate using this is chosen only where it measured faster (``aot.tuning.regions``).
@@ -34,7 +36,7 @@ from typing import Callable
 
 import torch
 
-__all__ = ["available", "FusedGraph", "WARM_CALLS"]
+__all__ = ["available", "FusedGraph", "WARM_CALLS", "disagreement"]
 log = logging.getLogger(__name__)
 
 # calls made with the fusion on right after tracing: TorchScript's profiling executor
@@ -49,6 +51,28 @@ def available() -> bool:
             and hasattr(torch._C, "_jit_set_llga_enabled")
             and hasattr(torch._C, "_jit_llga_enabled")
             and platform.machine().lower() in ("x86_64", "amd64"))
+
+
+def disagreement(plain, fused) -> str | None:
+    """Why the fused graph's results are not the kernel calls' on the same operands
+    (other structure, dtype or shape, or a value further than float rounding can take
+    it: 1e-3 of the result's largest magnitude, relative and absolute), or None."""
+    if len(plain) != len(fused):
+        return f"{len(fused)} results, not {len(plain)}"
+    for i, (p, f) in enumerate(zip(plain, fused)):
+        if not isinstance(f, torch.Tensor) or f.dtype != p.dtype or f.shape != p.shape:
+            return f"result {i} is {getattr(f, 'dtype', type(f).__name__)} " \
+                   f"{tuple(getattr(f, 'shape', ()))}, not {p.dtype} {tuple(p.shape)}"
+        if not p.is_floating_point():
+            if not torch.equal(p, f):
+                return f"result {i} differs"
+            continue
+        scale = float(p.abs().nan_to_num(0.0, 0.0, 0.0).max()) if p.numel() else 0.0
+        tol = 1e-3 * max(scale, 1.0)
+        if not torch.allclose(f, p, rtol=1e-3, atol=tol, equal_nan=True):
+            err = float((f - p).abs().nan_to_num(float("inf")).max())
+            return f"result {i} is {err:.3g} away (tolerance {tol:.3g})"
+    return None
 
 
 _POOLS = ("aten::max_pool2d", "aten::avg_pool2d")
@@ -110,10 +134,20 @@ class FusedGraph:
                 warnings.simplefilter("ignore")  # torch.jit's deprecation notices
                 # a value read out of a tensor would be baked into the trace: drop it
                 warnings.simplefilter("error", torch.jit.TracerWarning)
-                traced = torch.jit.trace(self._body, tuple(crossing), check_trace=False)
+                seen = []
+
+                def body(*xs):
+                    out = self._body(*xs)
+                    seen.append(out)
+                    return out
+
+                traced = torch.jit.trace(body, tuple(crossing), check_trace=False)
                 _spell_out_pool_strides(traced.graph)
                 for _ in range(WARM_CALLS):  # fused here, with the switch on
-                    traced(*crossing)
+                    fused = traced(*crossing)
+            why = disagreement(seen[-1], fused if isinstance(fused, tuple) else (fused,))
+            if why is not None:
+                raise ValueError(f"the fused graph disagrees with the kernel calls: {why}")
             self.traced = traced
         except Exception as e:  # noqa: BLE001  (any failure: the plain members run)
             while e.__context__ is not None and not isinstance(e, torch.jit.TracerWarning):

@@ -884,9 +884,11 @@ def _floor_out(name: str, floors: dict, call_s: dict, ran) -> str | None:
 
 
 def _packs(art) -> bool:
-    """The candidate's executor packs weights on its first call (``aten-prepacked``)."""
+    """The candidate's executor packs weights on its first call (``aten-prepacked``), or
+    traces and compiles its groups then (``aten-onednn-graph``)."""
     manifest = getattr(art, "manifest", None)
-    return manifest is not None and bool((manifest.executor or {}).get("prepack"))
+    executor = (manifest.executor or {}) if manifest is not None else {}
+    return bool(executor.get("prepack") or executor.get("onednn_graph"))
 
 
 def _in_race(samples: dict[str, list], names: list[str],

@@ -125,3 +125,37 @@ def test_convolution_programs_get_the_candidate():
     cands = aten_candidates(imported, get_target("cpu"))
     assert "aten-onednn-graph" in cands
     assert cands["aten-onednn-graph"].manifest.executor["onednn_graph"] is True
+
+
+def test_a_fused_graph_that_disagrees_with_the_kernel_calls_is_dropped(monkeypatch):
+    real_trace = torch.jit.trace
+
+    class Wrong:  # the real trace's graph, another function's results
+        def __init__(self, traced):
+            self.graph = traced.graph
+
+        def __call__(self, *xs):
+            return (torch.relu(xs[0]) + 1e-2,)
+
+    def wrong_trace(fn, inputs, **kw):  # runs the kernel calls, as a trace does
+        return Wrong(real_trace(fn, inputs, **kw))
+
+    monkeypatch.setattr(torch.jit, "trace", wrong_trace)
+    g = FusedGraph(lambda ops: [torch.relu(ops[0])], [None], "group(test)")
+    x = torch.randn(64)
+    assert torch.equal(g([x])[0], torch.relu(x))
+    assert g.traced is None and "disagrees" in g.failed and "away" in g.failed
+    assert torch.equal(g([-x])[0], torch.relu(-x))  # the kernel calls from then on
+
+
+def test_disagreement_allows_float_rounding_only():
+    a = torch.randn(100) * 50
+    assert onednn_graph.disagreement((a,), (a * (1 + 1e-6),)) is None
+    assert "away" in onednn_graph.disagreement((a,), (a + 1.0,))
+    assert "not torch.float32" in onednn_graph.disagreement((a,), (a.double(),))
+    assert "results" in onednn_graph.disagreement((a,), (a, a))
+    i = torch.arange(5)
+    assert onednn_graph.disagreement((i,), (i.clone(),)) is None
+    assert "differs" in onednn_graph.disagreement((i,), (i + 1,))
+    nan = torch.tensor([float("nan"), 1.0])
+    assert onednn_graph.disagreement((nan,), (nan.clone(),)) is None
