@@ -25,6 +25,7 @@ import pytest
 import torch
 
 import aot
+from aot.fallback import onednn_graph
 import aot.fallback.executor as executor
 from aot.runtime.device import ALIGN, _copy_at_aligned_offset, aligned_copy
 
@@ -51,13 +52,17 @@ LAYOUTS = {
 CONVERTED = {"channels_last", "transposed", "expanded"}  # an offset view is still row-major
 
 
-@pytest.fixture(scope="module", params=["coverage", "all", "prepacked", "default"])
+@pytest.fixture(scope="module",
+                params=["coverage", "all", "prepacked", "onednn-graph", "default"])
 def compiled(request):
     torch.manual_seed(0)
     m = ConvI0().eval()
     kw = {"coverage": dict(placement="coverage"), "all": dict(fallback="all"),
           "prepacked": dict(plan={"region": "aten-prepacked"}),  # oneDNN, NHWC groups
+          "onednn-graph": dict(plan={"region": "aten-onednn-graph"}),  # one fused graph
           "default": {}}[request.param]
+    if request.param == "onednn-graph" and not onednn_graph.available():
+        pytest.skip("this torch build reaches no oneDNN Graph (x86 only)")
     return request.param, m, aot.compile(m, (X,), **kw)
 
 
