@@ -624,8 +624,11 @@ def aten_candidates(imported: ImportedProgram, target: Target) -> dict:
                 aten, ExecOptions("channels_last" if nhwc else "contiguous", prepack=True))
             if onednn_graph.available() and not (aten.manifest.executor or {}).get(
                     "quantized_engine"):
-                cands["aten-onednn-graph"] = _with_executor(aten,
-                                                            ExecOptions(onednn_graph=True))
+                # channels-last where every op allows: oneDNN's partitions then hand
+                # NHWC tensors to the ops between them, with no reorder either way
+                cands["aten-onednn-graph"] = _with_executor(
+                    aten, ExecOptions("channels_last" if nhwc else "contiguous",
+                                      onednn_graph=True))
         elif nhwc:
             cands["aten-channels-last"] = _with_executor(aten, ExecOptions("channels_last"))
     except Exception as e:  # an ATen region is an optimisation: without it, per-op stands

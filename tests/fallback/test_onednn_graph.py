@@ -159,3 +159,26 @@ def test_disagreement_allows_float_rounding_only():
     assert "differs" in onednn_graph.disagreement((i,), (i + 1,))
     nan = torch.tensor([float("nan"), 1.0])
     assert onednn_graph.disagreement((nan,), (nan.clone(),)) is None
+
+
+def test_threads_calling_one_graph_get_their_own_answers():
+    import concurrent.futures
+
+    torch.manual_seed(3)
+    m = Net().eval()
+    cm = _graph_module(m, torch.randn(1, 3, 32, 32))
+    xs = [torch.randn(1, 3, 32, 32) for _ in range(8)]
+    with torch.no_grad():
+        refs = [m(x) for x in xs]
+
+    def run(i):  # the first calls race to trace: one traces, the others wait for it
+        with torch.no_grad():
+            return [cm(xs[(i + k) % 8]) for k in range(6)]
+
+    with concurrent.futures.ThreadPoolExecutor(4) as pool:
+        results = list(pool.map(run, range(4)))
+    for i, outs in enumerate(results):
+        for k, got in enumerate(outs):
+            for g, r in zip(got, refs[(i + k) % 8]):
+                torch.testing.assert_close(g, r, rtol=1e-4, atol=1e-5)
+    assert _group(cm).graph.traced is not None
