@@ -117,6 +117,62 @@ def _pool_whole_maps(graph) -> None:
         node.destroy()
 
 
+def _fold_into_linears(graph) -> None:
+    """A constant scale or shift along the features right after a linear with constant
+    weights (a layer scale: ``linear(x, W, b) * g``; ``linear(x, W, b) + c``) folded into
+    that linear's weight and bias, where nothing else reads the linear's result. oneDNN
+    Graph fails to fuse a linear with an elementwise op on a constant (the whole trace
+    would be dropped); the folded linear is one kernel, with the same values up to
+    float rounding."""
+    for node in list(graph.nodes()):
+        if node.kind() not in ("aten::mul", "aten::add"):
+            continue
+        ins = list(node.inputs())
+        if node.kind() == "aten::add" and (len(ins) != 3 or _constant(ins[2]) != 1):
+            continue  # add's alpha other than 1
+        for i in (0, 1):
+            lin, c = ins[i].node(), _constant(ins[1 - i])
+            if lin.kind() != "aten::linear" or len(ins[i].uses()) != 1 \
+                    or not isinstance(c, torch.Tensor) or not c.is_floating_point():
+                continue
+            x, w, b = list(lin.inputs())
+            wt, bt = _constant(w), _constant(b)
+            if not isinstance(wt, torch.Tensor) or wt.dim() != 2 or not (
+                    bt is None or isinstance(bt, torch.Tensor)) or b.node().kind() != "prim::Constant":
+                continue
+            feat = _features(c, wt.shape[0])
+            if feat is None or feat.dtype != wt.dtype:
+                continue
+            if node.kind() == "aten::mul":
+                wt, bt = wt * feat[:, None], None if bt is None else bt * feat
+            else:
+                bt = feat.clone() if bt is None else bt + feat
+            graph.setInsertPoint(node)
+            folded = graph.create("aten::linear", [x, graph.insertConstant(wt),
+                                                  graph.insertConstant(bt)], 1)
+            graph.insertNode(folded)
+            folded.output().setType(node.output().type())
+            node.output().replaceAllUsesWith(folded.output())
+            node.destroy()
+            lin.destroy()
+            break
+
+
+def _constant(value):
+    return value.toIValue() if value.node().kind() == "prim::Constant" else _NOT_CONSTANT
+
+
+_NOT_CONSTANT = object()
+
+
+def _features(c: torch.Tensor, n: int) -> torch.Tensor | None:
+    """``c`` as a vector over a linear's ``n`` output features, where it broadcasts along
+    them alone (shape ``[n]``, ``[1, ..., 1, n]``), else None."""
+    if c.dim() == 0 or c.shape[-1] != n or any(d != 1 for d in c.shape[:-1]):
+        return None
+    return c.reshape(n)
+
+
 def _int_list(value) -> list | None:
     node = value.node()
     if node.kind() == "prim::Constant":
@@ -180,6 +236,7 @@ class FusedGraph:
                 traced = torch.jit.trace(body, tuple(crossing), check_trace=False)
                 _spell_out_pool_strides(traced.graph)
                 _pool_whole_maps(traced.graph)
+                _fold_into_linears(traced.graph)
                 for _ in range(WARM_CALLS):  # fused here, with the switch on
                     fused = traced(*crossing)
             why = disagreement(seen[-1], fused if isinstance(fused, tuple) else (fused,))

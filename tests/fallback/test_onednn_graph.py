@@ -201,3 +201,25 @@ def test_whole_map_adaptive_pooling_runs_as_avg_pool_in_the_graph():
                 torch.testing.assert_close(got, ref, rtol=1e-5, atol=1e-6)
     kinds = [n.kind() for n in g.traced.graph.nodes()]
     assert kinds.count("aten::avg_pool2d") == 1 and kinds.count("aten::adaptive_avg_pool2d") == 1
+
+
+def test_a_layer_scale_after_a_linear_is_folded_into_it():
+    """oneDNN Graph fails to fuse a linear with an elementwise op on a constant (the
+    trace would be dropped): the scale and the shift are folded into the linear."""
+    aten = torch.ops.aten
+    torch.manual_seed(4)
+    w, b, gamma, shift = torch.randn(64, 64), torch.randn(64), torch.randn(64), torch.randn(1, 1, 64)
+
+    def block(ops):  # x + gamma * linear(x), then a shift, then the same without a bias
+        y = aten.add.Tensor(ops[0], aten.mul.Tensor(aten.linear.default(ops[0], w, b), gamma))
+        y = aten.add.Tensor(aten.linear.default(y, w, b), shift)
+        return [aten.mul.Tensor(gamma, aten.linear.default(y, w))]
+
+    g = FusedGraph(block, [None], "group(test)")
+    x = torch.randn(1, 49, 64)
+    with torch.no_grad():
+        for xi in (x, torch.randn(1, 49, 64)):
+            torch.testing.assert_close(g([xi])[0], block([xi])[0], rtol=1e-4, atol=1e-3)
+    assert g.failed is None
+    kinds = [n.kind() for n in g.traced.graph.nodes()]
+    assert kinds.count("aten::linear") == 3 and "aten::mul" not in kinds
