@@ -158,6 +158,41 @@ def _fold_into_linears(graph) -> None:
             break
 
 
+_MATMULS = ("aten::linear", "aten::matmul", "aten::addmm", "aten::mm", "aten::bmm")
+
+
+def _lifted_slots(graph, constants: list) -> tuple[int, ...]:
+    """The constant operand slots that an elementwise op applies to a matrix product's
+    result (through other elementwise ops: a position embedding added after a linear),
+    where no fold applied. oneDNN Graph fails to fuse such an op on a constant into the
+    product before it, so these are passed to the traced function as inputs: then it
+    fuses them as it fuses an op on any other tensor."""
+    slot = {id(c): i for i, c in enumerate(constants) if c is not None}
+
+    def after_product(v, depth=0) -> bool:
+        node = v.node()
+        if node.kind() in _MATMULS:
+            return True
+        return node.kind() in _BINARY and depth < 8 and any(
+            after_product(i, depth + 1) for i in list(node.inputs())[:2])
+
+    lifted = set()
+    for node in graph.nodes():
+        if node.kind() not in _BINARY:
+            continue
+        ins = list(node.inputs())[:2]
+        consts = [_constant(v) for v in ins]
+        if not any(isinstance(c, torch.Tensor) and id(c) in slot for c in consts) \
+                or not any(after_product(v) for v in ins):
+            continue
+        lifted.update(slot[id(c)] for c in consts
+                      if isinstance(c, torch.Tensor) and id(c) in slot)
+    return tuple(sorted(lifted))
+
+
+_BINARY = ("aten::mul", "aten::add", "aten::sub", "aten::div")
+
+
 def _constant(value):
     return value.toIValue() if value.node().kind() == "prim::Constant" else _NOT_CONSTANT
 
@@ -196,13 +231,19 @@ class FusedGraph:
         self.run, self.constants, self.name = run, list(constants), name
         self.traced = None  # the TorchScript function, once traced
         self.failed: str | None = None  # why the trace was dropped
+        self.n_crossing = sum(c is None for c in self.constants)
+        # constant slots passed to the traced function as inputs (``_lifted_slots``)
+        self.lifted: tuple[int, ...] = ()
+        self.lifted_values: tuple = ()
 
     def _operands(self, crossing) -> list:
         it = iter(crossing)
         return [next(it) if c is None else c for c in self.constants]
 
-    def _body(self, *crossing):
-        return tuple(self.run(self._operands(crossing)))
+    def _body(self, *xs):
+        it, lifted = iter(xs[:self.n_crossing]), dict(zip(self.lifted, xs[self.n_crossing:]))
+        return tuple(self.run([next(it) if c is None else lifted.get(i, c)
+                               for i, c in enumerate(self.constants)]))
 
     def __call__(self, crossing: list) -> list:
         traced = self.traced
@@ -215,8 +256,26 @@ class FusedGraph:
             if self.traced is None:
                 return self.run(self._operands(crossing))
             traced = self.traced
-        out = traced(*crossing)
+        out = traced(*crossing, *self.lifted_values)
         return list(out) if isinstance(out, tuple) else [out]
+
+    def _traced(self, crossing: list, lifted: tuple[int, ...]):
+        """The members traced with the constant slots ``lifted`` as inputs, rewritten for
+        oneDNN Graph; and the results the kernel calls gave while traced."""
+        self.lifted = lifted
+        seen = []
+
+        def body(*xs):
+            out = self._body(*xs)
+            seen.append(out)
+            return out
+
+        args = (*crossing, *(self.constants[i] for i in lifted))
+        traced = torch.jit.trace(body, args, check_trace=False)
+        _spell_out_pool_strides(traced.graph)
+        _pool_whole_maps(traced.graph)
+        _fold_into_linears(traced.graph)
+        return traced, seen[-1]
 
     def _trace(self, crossing: list) -> None:
         was = torch._C._jit_llga_enabled()
@@ -226,23 +285,17 @@ class FusedGraph:
                 warnings.simplefilter("ignore")  # torch.jit's deprecation notices
                 # a value read out of a tensor would be baked into the trace: drop it
                 warnings.simplefilter("error", torch.jit.TracerWarning)
-                seen = []
-
-                def body(*xs):
-                    out = self._body(*xs)
-                    seen.append(out)
-                    return out
-
-                traced = torch.jit.trace(body, tuple(crossing), check_trace=False)
-                _spell_out_pool_strides(traced.graph)
-                _pool_whole_maps(traced.graph)
-                _fold_into_linears(traced.graph)
+                traced, plain = self._traced(crossing, ())
+                lifted = _lifted_slots(traced.graph, self.constants)
+                if lifted:
+                    traced, plain = self._traced(crossing, lifted)
+                values = tuple(self.constants[i] for i in lifted)
                 for _ in range(WARM_CALLS):  # fused here, with the switch on
-                    fused = traced(*crossing)
-            why = disagreement(seen[-1], fused if isinstance(fused, tuple) else (fused,))
+                    fused = traced(*crossing, *values)
+            why = disagreement(plain, fused if isinstance(fused, tuple) else (fused,))
             if why is not None:
                 raise ValueError(f"the fused graph disagrees with the kernel calls: {why}")
-            self.traced = traced
+            self.lifted_values, self.traced = values, traced
         except Exception as e:  # noqa: BLE001  (any failure: the plain members run)
             while e.__context__ is not None and not isinstance(e, torch.jit.TracerWarning):
                 e = e.__context__  # a warning raised inside a C call surfaces wrapped

@@ -223,3 +223,22 @@ def test_a_layer_scale_after_a_linear_is_folded_into_it():
     assert g.failed is None
     kinds = [n.kind() for n in g.traced.graph.nodes()]
     assert kinds.count("aten::linear") == 3 and "aten::mul" not in kinds
+
+
+def test_a_constant_added_to_a_product_along_its_rows_is_passed_as_an_input():
+    """A position embedding added after a linear cannot be folded into its bias, and
+    oneDNN Graph fails to fuse an op on a constant into the product: it is passed to
+    the traced graph as an input instead."""
+    aten = torch.ops.aten
+    torch.manual_seed(5)
+    w, b, pos = torch.randn(32, 16), torch.randn(32), torch.randn(1, 10, 32)
+
+    def embed(ops):  # linear + position embedding (a constant slot), then a ReLU
+        return [aten.relu.default(aten.add.Tensor(aten.linear.default(ops[0], w, b), ops[1]))]
+
+    g = FusedGraph(embed, [None, pos], "group(test)")
+    with torch.no_grad():
+        for x in (torch.randn(1, 10, 16), torch.randn(1, 10, 16)):
+            torch.testing.assert_close(g([x])[0], embed([x, pos])[0], rtol=1e-4, atol=1e-4)
+    assert g.failed is None and g.lifted == (1,) and g.lifted_values[0] is pos
+    assert "prim::oneDNNFusionGroup" in str(g.traced.graph_for(torch.randn(1, 10, 16), pos))
