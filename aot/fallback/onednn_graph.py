@@ -138,9 +138,10 @@ def _fold_into_linears(graph) -> None:
             x, w, b = list(lin.inputs())
             wt, bt = _constant(w), _constant(b)
             if not isinstance(wt, torch.Tensor) or wt.dim() != 2 or not (
-                    bt is None or isinstance(bt, torch.Tensor)) or b.node().kind() != "prim::Constant":
+                    bt is None or isinstance(bt, torch.Tensor)):
                 continue
-            feat = _features(c, wt.shape[0])
+            rank = _rank(x)  # a constant of more dimensions would add them to the result
+            feat = _features(c, wt.shape[0]) if rank is not None and c.dim() <= rank else None
             if feat is None or feat.dtype != wt.dtype:
                 continue
             if node.kind() == "aten::mul":
@@ -198,6 +199,13 @@ def _constant(value):
 
 
 _NOT_CONSTANT = object()
+
+
+def _rank(value) -> int | None:
+    t = value.type()
+    if not isinstance(t, torch._C.TensorType):
+        return None
+    return t.dim()
 
 
 def _features(c: torch.Tensor, n: int) -> torch.Tensor | None:

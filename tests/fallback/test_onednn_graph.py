@@ -242,3 +242,18 @@ def test_a_constant_added_to_a_product_along_its_rows_is_passed_as_an_input():
             torch.testing.assert_close(g([x])[0], embed([x, pos])[0], rtol=1e-4, atol=1e-4)
     assert g.failed is None and g.lifted == (1,) and g.lifted_values[0] is pos
     assert "prim::oneDNNFusionGroup" in str(g.traced.graph_for(torch.randn(1, 10, 16), pos))
+
+
+def test_a_scale_of_more_dimensions_than_the_linear_is_not_folded():
+    aten = torch.ops.aten
+    w, gamma = torch.randn(8, 8), torch.randn(1, 1, 1, 8)  # broadcasts [4, 8] to [1, 1, 4, 8]
+
+    def f(ops):
+        return [aten.mul.Tensor(aten.linear.default(ops[0], w), gamma)]
+
+    g = FusedGraph(f, [None], "group(test)")
+    x = torch.randn(4, 8)
+    with torch.no_grad():
+        got = g([x])[0]
+    assert got.shape == (1, 1, 4, 8)
+    torch.testing.assert_close(got, f([x])[0], rtol=1e-5, atol=1e-5)
