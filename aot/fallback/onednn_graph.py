@@ -92,31 +92,6 @@ def _spell_out_pool_strides(graph) -> None:
             node.replaceInput(2, ins[1])
 
 
-def _pool_whole_maps(graph) -> None:
-    """``adaptive_avg_pool2d`` to 1x1 (squeeze-excitation, a classifier's pooling) of a
-    map whose size the trace recorded, as ``avg_pool2d`` over the whole map, which oneDNN
-    Graph takes into its partitions (the adaptive one it leaves to ATen, between them)."""
-    for node in list(graph.nodes()):
-        if node.kind() != "aten::adaptive_avg_pool2d":
-            continue
-        x, size = list(node.inputs())
-        if _int_list(size) != [1, 1]:
-            continue
-        sizes = x.type().sizes() if isinstance(x.type(), torch._C.TensorType) else None
-        if not sizes or len(sizes) != 4 or any(not isinstance(d, int) for d in sizes):
-            continue
-        graph.setInsertPoint(node)
-        kernel = graph.insertConstant(list(sizes[2:]))
-        pool = graph.create("aten::avg_pool2d",
-                            [x, kernel, kernel, graph.insertConstant([0, 0]),
-                             graph.insertConstant(False), graph.insertConstant(True),
-                             graph.insertConstant(None)], 1)
-        graph.insertNode(pool)
-        pool.output().setType(node.output().type())
-        node.output().replaceAllUsesWith(pool.output())
-        node.destroy()
-
-
 def _fold_into_linears(graph) -> None:
     """A constant scale or shift along the features right after a linear with constant
     weights (a layer scale: ``linear(x, W, b) * g``; ``linear(x, W, b) + c``) folded into
@@ -216,17 +191,6 @@ def _features(c: torch.Tensor, n: int) -> torch.Tensor | None:
     return c.reshape(n)
 
 
-def _int_list(value) -> list | None:
-    node = value.node()
-    if node.kind() == "prim::Constant":
-        v = value.toIValue()
-        return list(v) if isinstance(v, (list, tuple)) else None
-    if node.kind() == "prim::ListConstruct" and all(
-            i.node().kind() == "prim::Constant" for i in node.inputs()):
-        return [i.toIValue() for i in node.inputs()]
-    return None
-
-
 class FusedGraph:
     """A group's members traced into one TorchScript function for oneDNN Graph to fuse.
 
@@ -281,7 +245,6 @@ class FusedGraph:
         args = (*crossing, *(self.constants[i] for i in lifted))
         traced = torch.jit.trace(body, args, check_trace=False)
         _spell_out_pool_strides(traced.graph)
-        _pool_whole_maps(traced.graph)
         _fold_into_linears(traced.graph)
         return traced, seen[-1]
 

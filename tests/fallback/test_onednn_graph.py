@@ -184,25 +184,6 @@ def test_threads_calling_one_graph_get_their_own_answers():
     assert _group(cm).graph.traced is not None
 
 
-def test_whole_map_adaptive_pooling_runs_as_avg_pool_in_the_graph():
-    aten = torch.ops.aten
-    x = torch.randn(1, 16, 7, 7).contiguous(memory_format=torch.channels_last)
-    w = torch.randn(16, 16, 1, 1)
-
-    def squeeze_excite(ops):  # pooled to 1x1, and to 2x2 (left adaptive)
-        s = aten.sigmoid.default(aten.conv2d.default(
-            aten.adaptive_avg_pool2d.default(ops[0], [1, 1]), w))
-        return [aten.mul.Tensor(ops[0], s), aten.adaptive_avg_pool2d.default(ops[0], [2, 2])]
-
-    g = FusedGraph(squeeze_excite, [None], "group(test)")
-    with torch.no_grad():
-        for xi in (x, torch.randn(1, 16, 7, 7).contiguous(memory_format=torch.channels_last)):
-            for got, ref in zip(g([xi]), squeeze_excite([xi])):
-                torch.testing.assert_close(got, ref, rtol=1e-5, atol=1e-6)
-    kinds = [n.kind() for n in g.traced.graph.nodes()]
-    assert kinds.count("aten::avg_pool2d") == 1 and kinds.count("aten::adaptive_avg_pool2d") == 1
-
-
 def test_a_layer_scale_after_a_linear_is_folded_into_it():
     """oneDNN Graph fails to fuse a linear with an elementwise op on a constant (the
     trace would be dropped): the scale and the shift are folded into the linear."""
