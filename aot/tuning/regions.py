@@ -40,8 +40,8 @@ per invocation and per crossing can exceed what its code saves.
   and linears on weights packed once and ReLU / residual adds fused into the
   convolutions (``aot.fallback.prepack``), convolutions NHWC where every
   grouped op is layout-safe (``aot.fallback.layout``);
-- ``aten-onednn-graph`` (CPU, where torch reaches oneDNN Graph, programs without
-  quantized ops): the ``aten`` region traced once into one graph that oneDNN fuses
+- ``aten-onednn-graph`` (CPU, where torch reaches oneDNN Graph; programs without
+  quantized ops, with ``GRAPH_MIN_KERNELS`` convolutions and matrix products or more): the ``aten`` region traced once into one graph that oneDNN fuses
   and compiles (``aot.fallback.onednn_graph``): a convolution or linear then costs
   the host a fraction of what each ATen call does;
 - ``aten-channels-last`` (elsewhere, e.g. CUDA): the ``aten`` region with
@@ -141,7 +141,7 @@ from ..backend.lower import lower
 from ..forms.compiled_forms import FORMS
 from ..fallback.quantized_ops import NAMESPACE as QUANTIZED_NAMESPACE
 from ..fallback.executor import ExecOptions
-from ..fallback.layout import has_conv, layout_safe
+from ..fallback.layout import CONV_OPS, has_conv, layout_safe
 from ..importer.dynamic import resized
 from ..importer.program import ImportedProgram
 from .. import timing
@@ -622,8 +622,9 @@ def aten_candidates(imported: ImportedProgram, target: Target) -> dict:
                 and (has_conv(ops) or {"aten::linear", "aten::matmul"} & set(ops)):
             cands["aten-prepacked"] = _with_executor(
                 aten, ExecOptions("channels_last" if nhwc else "contiguous", prepack=True))
-            if onednn_graph.available() and not (aten.manifest.executor or {}).get(
-                    "quantized_engine"):
+            kernels = sum(op in CONV_OPS or op in _PRODUCTS for op in ops)
+            if onednn_graph.available() and kernels >= GRAPH_MIN_KERNELS and not (
+                    aten.manifest.executor or {}).get("quantized_engine"):
                 # channels-last where every op allows: oneDNN's partitions then hand
                 # NHWC tensors to the ops between them, with no reorder either way
                 cands["aten-onednn-graph"] = _with_executor(
@@ -634,6 +635,13 @@ def aten_candidates(imported: ImportedProgram, target: Target) -> dict:
     except Exception as e:  # an ATen region is an optimisation: without it, per-op stands
         log.info("no ATen-region candidate: %s", e)
     return cands
+
+
+# the oneDNN-graph candidate's gain is the host's cost per kernel call, saved on each
+# convolution and matrix product; below this many, its fixed cost at compile (a trace,
+# oneDNN's compile, its rounds in the race) buys too little to be worth measuring
+GRAPH_MIN_KERNELS = 8
+_PRODUCTS = frozenset({"aten::linear", "aten::matmul", "aten::mm", "aten::bmm", "aten::addmm"})
 
 
 def _with_executor(a: CompiledArtifact, options: ExecOptions) -> CompiledArtifact:

@@ -113,18 +113,27 @@ def test_executor_entry_is_checked_on_load():
         ExecOptions.from_json({"onednn_graph": "yes"})
 
 
-def test_convolution_programs_get_the_candidate():
+def test_programs_with_enough_kernels_get_the_candidate():
     from aot.stages import export
     from aot.toolchain.targets import get_target
     from aot.passes.prepare import prepare
     from aot.partition.placement import PlacementPolicy
+    from aot.tuning.regions import GRAPH_MIN_KERNELS
+
+    def candidates(m):
+        imported = export(m.eval(), (torch.randn(1, 3, 32, 32),)).imported
+        imported, _ = prepare(imported, PlacementPolicy())
+        return aten_candidates(imported, get_target("cpu"))
 
     torch.manual_seed(2)
-    imported = export(Net().eval(), (torch.randn(1, 3, 32, 32),)).imported
-    imported, _ = prepare(imported, PlacementPolicy())
-    cands = aten_candidates(imported, get_target("cpu"))
-    assert "aten-onednn-graph" in cands
+    deep = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3, padding=1), torch.nn.ReLU(),
+                               *[torch.nn.Conv2d(8, 8, 3, padding=1)
+                                 for _ in range(GRAPH_MIN_KERNELS - 1)])
+    cands = candidates(deep)
+    assert "aten-onednn-graph" in cands and "aten-prepacked" in cands
     assert cands["aten-onednn-graph"].manifest.executor["onednn_graph"] is True
+    # six kernels: the host's cost of six calls is not worth the candidate's compile
+    assert "aten-onednn-graph" not in candidates(Net())
 
 
 def test_a_fused_graph_that_disagrees_with_the_kernel_calls_is_dropped(monkeypatch):
