@@ -247,3 +247,32 @@ def test_a_scale_of_more_dimensions_than_the_linear_is_not_folded():
         got = g([x])[0]
     assert got.shape == (1, 1, 4, 8)
     torch.testing.assert_close(got, f([x])[0], rtol=1e-5, atol=1e-5)
+
+
+def test_channels_last_trace_keeps_only_the_layout_copies_that_do_work():
+    """Traced channels-last, each op's NHWC conversion is a no-op once every op returns
+    NHWC: those are removed (partitions then pass oneDNN's layouts along), except on
+    the group's input and before the depthwise convolution (oneDNN Graph would fuse
+    it with the convolution before it and run its reference kernel)."""
+    torch.manual_seed(6)
+    m = Net().eval()
+    x = torch.randn(1, 3, 32, 32)
+    allm = aot.compile(m, (x,), fallback="all")
+    cm = CompiledModule(_with_executor(allm.artifact,
+                                       ExecOptions("channels_last", onednn_graph=True)))
+    with torch.no_grad():
+        for xi in (x, torch.randn(1, 3, 32, 32)):
+            for g, r in zip(cm(xi), m(xi)):
+                torch.testing.assert_close(g, r, rtol=1e-4, atol=1e-5)
+    graph = _group(cm).graph
+    assert graph.failed is None
+    inputs = set(graph.traced.graph.inputs())
+    kept = [n for n in graph.traced.graph.nodes() if n.kind() == "aten::contiguous"]
+    # the weights' conversions (constants: TorchScript folds them), the input's, and
+    # the one before the depthwise convolution
+    activations = [n for n in kept if n.inputsAt(0).node().kind() != "prim::Constant"]
+    assert len(activations) == 2
+    for n in activations:
+        users = [u.user for u in n.output().uses()]
+        assert n.inputsAt(0) in inputs or any(
+            onednn_graph._grouped_convolution(u) for u in users), n
