@@ -157,6 +157,31 @@ def _drop_layout_copies(graph) -> None:
         node.destroy()
 
 
+_VIEWS = ("aten::view", "aten::reshape", "aten::_unsafe_view", "aten::flatten")
+
+
+def _drop_identity_views(graph) -> None:
+    """A chain of views that ends in the shape and strides it started from (a
+    normalisation's flatten and unflatten around a linear, left when the normalisation
+    was folded into it) replaced by its start: the views end oneDNN Graph's fusion of
+    the linear with the activation or residual add after them."""
+    for node in list(graph.nodes()):
+        if node.kind() not in _VIEWS:
+            continue
+        out, start = node.output(), node.inputsAt(0)
+        while start.node().kind() in _VIEWS and len(start.uses()) == 1:
+            start = start.node().inputsAt(0)
+        if _same_layout(start.type(), out.type()):
+            out.replaceAllUsesWith(start)
+    torch._C._jit_pass_dce(graph)
+
+
+def _same_layout(a, b) -> bool:
+    return isinstance(a, torch._C.TensorType) and isinstance(b, torch._C.TensorType) \
+        and a.sizes() is not None and a.strides() is not None \
+        and a.sizes() == b.sizes() and a.strides() == b.strides()
+
+
 def _grouped_convolution(node) -> bool:
     if node.kind() != "aten::_convolution":
         return False
@@ -276,6 +301,7 @@ class FusedGraph:
         traced = torch.jit.trace(body, args, check_trace=False)
         _spell_out_pool_strides(traced.graph)
         _drop_layout_copies(traced.graph)
+        _drop_identity_views(traced.graph)
         _fold_into_linears(traced.graph)
         return traced, seen[-1]
 

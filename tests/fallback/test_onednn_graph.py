@@ -276,3 +276,29 @@ def test_channels_last_trace_keeps_only_the_layout_copies_that_do_work():
         users = [u.user for u in n.output().uses()]
         assert n.inputsAt(0) in inputs or any(
             onednn_graph._grouped_convolution(u) for u in users), n
+
+
+def test_views_that_end_where_they_started_are_dropped_so_the_activation_fuses():
+    """A folded normalisation's flatten and unflatten around a linear (LeViT's) end
+    oneDNN Graph's fusion of the linear with the activation after them: the chain of
+    views is replaced by its start; a view that changes the shape stays."""
+    aten = torch.ops.aten
+    torch.manual_seed(7)
+    w, b, w2 = torch.randn(32, 16), torch.randn(32), torch.randn(8, 32)
+
+    def block(ops):  # linear, flatten, unflatten, hardswish; then a real reshape
+        y = aten.view.default(aten.view.default(aten.linear.default(ops[0], w, b), [10, 32]),
+                              [1, 10, 32])
+        return [aten.view.default(aten.linear.default(aten.hardswish.default(y), w2), [80])]
+
+    g = FusedGraph(block, [None], "group(test)")
+    with torch.no_grad():
+        for x in (torch.randn(1, 10, 16), torch.randn(1, 10, 16)):
+            torch.testing.assert_close(g([x])[0], block([x])[0], rtol=1e-4, atol=1e-4)
+    assert g.failed is None
+    kinds = [n.kind() for n in g.traced.graph.nodes()]
+    assert kinds.count("aten::view") == 1  # the last one: [1, 10, 8] to [80]
+    fused = g.traced.graph_for(torch.randn(1, 10, 16))
+    groups = [n.g("Subgraph") for n in fused.findAllNodes("prim::oneDNNFusionGroup")]
+    assert any({"aten::linear", "aten::hardswish"} <= {k.kind() for k in sub.nodes()}
+               for sub in groups)
