@@ -147,10 +147,7 @@ def _drop_layout_copies(graph) -> None:
         if node.kind() != "aten::contiguous":
             continue
         x, out = node.inputsAt(0), node.output()
-        tin, tout = x.type(), out.type()
-        if x in inputs or not isinstance(tin, torch._C.TensorType) \
-                or not isinstance(tout, torch._C.TensorType) or tin.strides() is None \
-                or tin.sizes() != tout.sizes() or tin.strides() != tout.strides() \
+        if x in inputs or not _same_layout(x.type(), out.type()) \
                 or any(_grouped_convolution(u.user) for u in out.uses()):
             continue
         out.replaceAllUsesWith(x)
