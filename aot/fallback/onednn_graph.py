@@ -36,7 +36,7 @@ from typing import Callable
 
 import torch
 
-__all__ = ["available", "FusedGraph", "WARM_CALLS", "disagreement"]
+__all__ = ["available", "FusedGraph", "WARM_CALLS", "disagreement", "MATRIX_PRODUCTS"]
 log = logging.getLogger(__name__)
 
 # calls made with the fusion on right after tracing: TorchScript's profiling executor
@@ -186,7 +186,9 @@ def _grouped_convolution(node) -> bool:
     return not isinstance(groups, int) or groups != 1
 
 
-_MATMULS = ("aten::linear", "aten::matmul", "aten::addmm", "aten::mm", "aten::bmm")
+# matrix products, as TorchScript and the manifest both name them
+MATRIX_PRODUCTS = frozenset({"aten::linear", "aten::matmul", "aten::addmm", "aten::mm",
+                             "aten::bmm"})
 
 
 def _lifted_slots(graph, constants: list) -> tuple[int, ...]:
@@ -199,7 +201,7 @@ def _lifted_slots(graph, constants: list) -> tuple[int, ...]:
 
     def after_product(v, depth=0) -> bool:
         node = v.node()
-        if node.kind() in _MATMULS:
+        if node.kind() in MATRIX_PRODUCTS:
             return True
         return node.kind() in _BINARY and depth < 8 and any(
             after_product(i, depth + 1) for i in list(node.inputs())[:2])

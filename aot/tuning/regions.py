@@ -41,7 +41,8 @@ per invocation and per crossing can exceed what its code saves.
   convolutions (``aot.fallback.prepack``), convolutions NHWC where every
   grouped op is layout-safe (``aot.fallback.layout``);
 - ``aten-onednn-graph`` (CPU, where torch reaches oneDNN Graph; programs without
-  quantized ops, with ``GRAPH_MIN_KERNELS`` convolutions and matrix products or more): the ``aten`` region traced once into one graph that oneDNN fuses
+  quantized ops, with ``GRAPH_MIN_KERNELS`` convolutions and matrix products or
+  more): the ``aten`` region traced once into one graph that oneDNN fuses
   and compiles (``aot.fallback.onednn_graph``): a convolution or linear then costs
   the host a fraction of what each ATen call does;
 - ``aten-channels-last`` (elsewhere, e.g. CUDA): the ``aten`` region with
@@ -622,7 +623,7 @@ def aten_candidates(imported: ImportedProgram, target: Target) -> dict:
                 and (has_conv(ops) or {"aten::linear", "aten::matmul"} & set(ops)):
             cands["aten-prepacked"] = _with_executor(
                 aten, ExecOptions("channels_last" if nhwc else "contiguous", prepack=True))
-            kernels = sum(op in CONV_OPS or op in _PRODUCTS for op in ops)
+            kernels = sum(op in CONV_OPS or op in onednn_graph.MATRIX_PRODUCTS for op in ops)
             if onednn_graph.available() and kernels >= GRAPH_MIN_KERNELS and not (
                     aten.manifest.executor or {}).get("quantized_engine"):
                 # channels-last where every op allows: oneDNN's partitions then hand
@@ -641,7 +642,6 @@ def aten_candidates(imported: ImportedProgram, target: Target) -> dict:
 # convolution and matrix product; below this many, its fixed cost at compile (a trace,
 # oneDNN's compile, its rounds in the race) buys too little to be worth measuring
 GRAPH_MIN_KERNELS = 8
-_PRODUCTS = frozenset({"aten::linear", "aten::matmul", "aten::mm", "aten::bmm", "aten::addmm"})
 
 
 def _with_executor(a: CompiledArtifact, options: ExecOptions) -> CompiledArtifact:
