@@ -33,7 +33,7 @@ from .cuda_graph import GraphedRegion
 from .heap import MAX_BYTES as MAX_HEAP_BYTES
 from .layout import CONV_OPS, ChannelsLast, has_conv, layout_safe
 from .omp_threads import on_this_thread_alone
-from . import onednn_graph
+from . import dnnl_api, onednn_graph
 from .onednn_graph import FusedGraph
 from .prepack import DEFERRED, plan_fusions
 from .quantized_ops import FLOAT_MATH_IMPLS, IMPLS, PREPACKED, packing_engine_available
@@ -109,6 +109,7 @@ class ExecOptions:
     retained_heap_bytes: int = 0
     mkl_linears: tuple[str, ...] = ()
     onednn_graph: bool = False
+    onednn_primitives: bool = False
 
     def to_json(self) -> dict:
         return {"memory_format": self.memory_format, "cuda_graphs": self.cuda_graphs,
@@ -117,7 +118,8 @@ class ExecOptions:
                 "one_thread_calls": list(self.one_thread_calls),
                 "retained_heap_bytes": self.retained_heap_bytes,
                 **({"mkl_linears": list(self.mkl_linears)} if self.mkl_linears else {}),
-                **({"onednn_graph": True} if self.onednn_graph else {})}
+                **({"onednn_graph": True} if self.onednn_graph else {}),
+                **({"onednn_primitives": True} if self.onednn_primitives else {})}
 
     @staticmethod
     def from_json(d: dict | None) -> "ExecOptions":
@@ -147,9 +149,13 @@ class ExecOptions:
         graph = d.get("onednn_graph", False)
         if graph.__class__ is not bool:
             raise ArtifactError("executor onednn_graph should be true or false", stage="load")
+        primitives = d.get("onednn_primitives", False)
+        if primitives.__class__ is not bool:
+            raise ArtifactError("executor onednn_primitives should be true or false",
+                                stage="load")
         return ExecOptions(fmt, bool(d.get("cuda_graphs", True)), bool(d.get("prepack", False)),
                            engine, bool(d.get("int8_float_math", False)), tuple(one), heap,
-                           tuple(mkl), graph)
+                           tuple(mkl), graph, primitives)
 
 
 _from_dlpack = torch._C._from_dlpack  # torch.from_dlpack without its Python dispatch
@@ -308,12 +314,14 @@ class _KernelCall:
             s.qparams is not None for s in self.spec.inputs)
         symbolic = any(s.is_symbolic for s in self.spec.inputs)
         self.graph = None
-        if options.onednn_graph and self.torch_device.type == "cpu" and not symbolic \
+        if (options.onednn_graph or options.onednn_primitives) \
+                and self.torch_device.type == "cpu" and not symbolic \
                 and not self.adapt and not self.on_cpu and set(self.kinds) <= {"t"} \
-                and onednn_graph.available():
+                and (dnnl_api.available() if options.onednn_primitives
+                     else onednn_graph.available()):
             # traced on its first call: constants in, the crossing operands as its inputs
             self.graph = FusedGraph(self._run_members, [c for _, c in self.operand_plan],
-                                    self.spec.key)
+                                    self.spec.key, primitives=options.onednn_primitives)
         if options.cuda_graphs and self.driver == "cuda" and not self.on_cpu and not symbolic:
             # (a graph captured for one shape would be replayed for another: a dynamic
             # artifact's groups run without CUDA graphs)

@@ -253,8 +253,12 @@ class FusedGraph:
     an operand that crosses per call. ``name``: the group, for the log.
     """
 
-    def __init__(self, run: Callable[[list], list], constants: list, name: str):
+    def __init__(self, run: Callable[[list], list], constants: list, name: str,
+                 primitives: bool = False):
         self.run, self.constants, self.name = run, list(constants), name
+        # run the trace as oneDNN primitives of its own (``dnnl_program``), not through
+        # TorchScript's oneDNN Graph fuser
+        self.primitives = primitives
         self.traced = None  # the TorchScript function, once traced
         self.failed: str | None = None  # why the trace was dropped
         self.n_crossing = sum(c is None for c in self.constants)
@@ -305,6 +309,9 @@ class FusedGraph:
         return traced, seen[-1]
 
     def _trace(self, crossing: list) -> None:
+        if self.primitives:
+            self._trace_primitives(crossing)
+            return
         was = torch._C._jit_llga_enabled()
         torch._C._jit_set_llga_enabled(True)
         try:
@@ -331,3 +338,27 @@ class FusedGraph:
                      self.name, self.failed)
         finally:
             torch._C._jit_set_llga_enabled(was)
+
+    def _trace_primitives(self, crossing: list) -> None:
+        from . import dnnl_program
+
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                warnings.simplefilter("error", torch.jit.TracerWarning)
+                traced, plain = self._traced(crossing, ())
+            program = dnnl_program.build(traced.graph)
+            fused = program(crossing)
+            why = disagreement(plain, fused)
+            if why is not None:
+                raise ValueError(f"the primitives disagree with the kernel calls: {why}")
+            log.info("%s: %d oneDNN primitives, %d ATen ops", self.name,
+                     program.n_primitives, program.n_aten)
+            self.program = program
+            self.lifted_values, self.traced = (), lambda *xs: tuple(program(xs))
+        except Exception as e:  # noqa: BLE001  (any failure: the plain members run)
+            while e.__context__ is not None and not isinstance(e, torch.jit.TracerWarning):
+                e = e.__context__
+            self.failed = f"{type(e).__name__}: {str(e)[:300]}"
+            log.info("%s: not run as oneDNN primitives (%s); its kernel calls run as they "
+                     "are", self.name, self.failed)

@@ -45,6 +45,10 @@ per invocation and per crossing can exceed what its code saves.
   more): the ``aten`` region traced once into one graph that oneDNN fuses
   and compiles (``aot.fallback.onednn_graph``): a convolution or linear then costs
   the host a fraction of what each ATen call does;
+- ``aten-onednn-primitives`` (x86-64 Linux with the ``onednn-cpu-gomp`` library; the
+  same programs): the same trace run as oneDNN primitives of our own, each one C
+  call per run, with no TorchScript executor between them
+  (``aot.fallback.dnnl_program``);
 - ``aten-channels-last`` (elsewhere, e.g. CUDA): the ``aten`` region with
   convolutions run NHWC, for programs whose grouped ops are all layout-safe;
 
@@ -136,7 +140,7 @@ import torch
 import torch.utils._pytree as pytree
 
 from ..artifact import CompiledArtifact
-from ..fallback import onednn_graph, prepack
+from ..fallback import dnnl_api, onednn_graph, prepack
 from ..backend.build import compile_program, host_artifact
 from ..backend.lower import lower
 from ..forms.compiled_forms import FORMS
@@ -420,7 +424,8 @@ def aten_far_ahead(imported: ImportedProgram, target: Target, policy: PlacementP
 
 # the fixed order near-ties are settled in: the per-op placement first, then the simpler regions
 _ORDER = ["iree", "iree-sync", "iree-one-thread", "iree-tiled", "iree-tiled-sync", "iree-coverage",
-          "aten", "aten-prepacked", "aten-onednn-graph", "aten-channels-last"]
+          "aten", "aten-prepacked", "aten-onednn-graph", "aten-onednn-primitives",
+          "aten-channels-last"]
 _RULE = 6  # the decision rule's version, part of the cache key
 _CONFIDENCE = 2.0  # a lead counts when it exceeds this many standard errors of the difference
 
@@ -631,6 +636,11 @@ def aten_candidates(imported: ImportedProgram, target: Target) -> dict:
                 cands["aten-onednn-graph"] = _with_executor(
                     aten, ExecOptions("channels_last" if nhwc else "contiguous",
                                       onednn_graph=True))
+            if dnnl_api.available() and kernels >= GRAPH_MIN_KERNELS and not (
+                    aten.manifest.executor or {}).get("quantized_engine"):
+                cands["aten-onednn-primitives"] = _with_executor(
+                    aten, ExecOptions("channels_last" if nhwc else "contiguous",
+                                      onednn_primitives=True))
         elif nhwc:
             cands["aten-channels-last"] = _with_executor(aten, ExecOptions("channels_last"))
     except Exception as e:  # an ATen region is an optimisation: without it, per-op stands
@@ -899,7 +909,8 @@ def _packs(art) -> bool:
     traces and compiles its groups then (``aten-onednn-graph``)."""
     manifest = getattr(art, "manifest", None)
     executor = (manifest.executor or {}) if manifest is not None else {}
-    return bool(executor.get("prepack") or executor.get("onednn_graph"))
+    return bool(executor.get("prepack") or executor.get("onednn_graph")
+                or executor.get("onednn_primitives"))
 
 
 def _in_race(samples: dict[str, list], names: list[str],

@@ -1,0 +1,846 @@
+"""A traced ATen group run as a list of oneDNN primitives, each one C call per run.
+
+Input: the group's TorchScript trace (``onednn_graph.FusedGraph`` makes it, and its
+rewrites apply), whose values carry their shapes and strides. Output: ``Program``, a
+flat list of steps over numbered value slots:
+
+- a convolution (2-D, any groups, stride, padding or dilation) or a linear on
+  float32 with constant weights becomes one oneDNN primitive, with the elementwise ops
+  and the binary op that follow it (its only reader each time, the result's shape
+  unchanged) fused as post-ops: an activation, a residual add, a scale;
+- an elementwise op (ReLU, hardswish, hardsigmoid, SiLU, sigmoid, tanh, GELU,
+  hardtanh/clamp, arithmetic with a number), a broadcasting add/mul/sub/div, a global
+  average pooling (``adaptive_avg_pool2d`` to 1x1, ``mean`` over the spatial dims),
+  max or average pooling becomes a primitive of its own;
+- every other node runs as its ATen op (``torch.ops.aten.<name>`` on the slots'
+  tensors), and a node whose operands are all constants is computed once, here.
+
+Weights are reordered once into the layout each primitive prefers. Every primitive's
+result lives in a buffer allocated here, once, and reused by later results of the same
+size once the value is dead (values an ATen op reads stay, as it may return a view of
+them), so one call allocates nothing but its outputs, and the working set stays small.
+A call binds the group's inputs (copied to the traced layout where they arrive in
+another) and runs the steps in order under a lock (the buffers are the program's).
+
+Values change by rounding only (oneDNN orders sums its own way). Building raises
+``ValueError`` for what it cannot run (a dtype or rank outside what the trace showed);
+the caller then runs the group as it was.
+"""
+
+from __future__ import annotations
+
+import threading
+
+import torch
+
+from . import dnnl_api as D
+
+__all__ = ["Program", "build"]
+
+_ELTWISE = {  # aten op -> (oneDNN algorithm, alpha, beta)
+    "aten::relu": ("relu", 0.0, 0.0),
+    "aten::hardswish": ("hardswish", 1.0 / 6.0, 0.5),
+    "aten::hardsigmoid": ("hardsigmoid", 1.0 / 6.0, 0.5),
+    "aten::silu": ("swish", 1.0, 0.0),
+    "aten::sigmoid": ("logistic", 0.0, 0.0),
+    "aten::tanh": ("tanh", 0.0, 0.0),
+}
+_BINARY = {"aten::add": "add", "aten::mul": "mul", "aten::sub": "sub", "aten::div": "div"}
+_COMMUTES = ("add", "mul")
+_INF = float("inf")
+
+
+class _Node:
+    """What lowering needs of a TorchScript node."""
+
+    def __init__(self, node):
+        self.node, self.kind = node, node.kind()
+        self.ins = list(node.inputs())
+        self.outs = list(node.outputs())
+
+
+def _const(v):
+    n = v.node()
+    if n.kind() == "prim::Constant":
+        return True, v.toIValue()
+    return False, None
+
+
+def _tensor_type(v):
+    t = v.type()
+    if not isinstance(t, torch._C.TensorType) or t.sizes() is None or t.strides() is None:
+        return None
+    return t
+
+
+class _Reference(Exception):
+    """oneDNN has only its reference (slow, scalar) kernel for a primitive."""
+
+
+class _Copy:
+    """A value made here: another layout of a traced value."""
+
+    def __init__(self, of):
+        self.of = of
+
+
+def _dense(shape, order) -> tuple:
+    """The strides of a dense tensor of ``shape`` whose dimensions nest in ``order``
+    (outermost first)."""
+    want, acc = [0] * len(shape), 1
+    for d in reversed(order):
+        want[d] = acc
+        acc *= shape[d]
+    return tuple(want)
+
+
+def _canonical(shape, strides) -> tuple:
+    """``strides`` with those of size-1 dimensions made what a dense layout of the same
+    dimension order gives them: the layout is the same, and oneDNN recognises it (an
+    NHWC tensor with a 1x1 image otherwise reads as an odd layout, served by reference
+    kernels). Strides of a layout that is not dense are kept."""
+    shape, strides = tuple(shape), tuple(strides)
+    orders = [tuple(range(len(shape)))]
+    if len(shape) == 4:
+        orders.insert(0, (0, 2, 3, 1))
+    for order in orders:
+        want = _dense(shape, order)
+        if all(shape[d] == 1 or strides[d] == want[d] for d in range(len(shape))):
+            return tuple(want)
+    return strides
+
+
+class Program:
+    """Steps over slots; ``__call__(inputs) -> outputs`` (tensors)."""
+
+    def __init__(self):
+        self.steps: list = []
+        self.env: list = []
+        self.inputs: list[tuple[int, tuple, tuple]] = []  # slot, shape, strides
+        self.outputs: list[int] = []
+        self.fresh: dict[int, tuple] = {}  # output slot -> (shape, strides)
+        self.lock = threading.Lock()
+        self.n_primitives = 0
+        self.n_aten = 0
+
+    def __call__(self, inputs):
+        with self.lock:
+            env = self.env
+            for (slot, shape, strides), x in zip(self.inputs, inputs):
+                if tuple(x.shape) != shape:
+                    raise ValueError(f"an input of shape {tuple(x.shape)}, traced as {shape}")
+                if x.stride() != strides:  # to the layout the primitives were made for
+                    y = torch.empty_strided(shape, strides, dtype=x.dtype)
+                    y.copy_(x)
+                    x = y
+                env[slot] = x
+            for slot, (shape, strides) in self.fresh.items():
+                env[slot] = torch.empty_strided(shape, strides)
+            for step in self.steps:
+                step(env)
+            out = [env[s] for s in self.outputs]
+            for slot in self.fresh:
+                env[slot] = None
+            for slot, _, _ in self.inputs:
+                env[slot] = None
+            return out
+
+
+class _Builder:
+    def __init__(self, graph, lib: D.Lib):
+        self.lib = lib
+        self.graph = graph
+        self.p = Program()
+        self.slot: dict = {}  # torch Value -> slot
+        self.consts: dict = {}  # torch Value -> Python value (constants, folded)
+        self.nodes = [_Node(n) for n in graph.nodes()]
+        self.dynamic: set[int] = set()  # slots whose tensor changes per call
+        self.pinned: set[int] = set()  # slots whose buffer is never reused
+        self.outputs = self._graph_outputs()
+        self.buffers: dict[int, torch.Tensor] = {}  # slot -> buffer it writes
+        self.last_use: dict = {}
+        self.free: dict[tuple, list] = {}
+        self.alias: dict = {}  # a layout no-op's result -> the value it returns
+        self.layout: dict = {}  # a primitive's result -> the strides of its buffer
+        self.nhwc_copies: dict = {}  # a value -> its NHWC copy (a _Copy)
+        self.tensor_types: dict = {}  # types of values made here (the copies)
+        self.scratch: list = []  # the primitives' scratchpad memory objects
+        self.scratch_bytes = 0
+
+    # values -------------------------------------------------------------------
+    def _graph_outputs(self):
+        outs = list(self.graph.outputs())
+        if len(outs) == 1 and outs[0].node().kind() == "prim::TupleConstruct":
+            outs = list(outs[0].node().inputs())
+        return outs
+
+    def new_slot(self, v) -> int:
+        s = len(self.p.env)
+        self.p.env.append(None)
+        if v is not None:
+            self.slot[v] = s
+        return s
+
+    def value(self, v):
+        """(True, constant) or (False, slot)."""
+        v = self.alias.get(v, v)
+        if v in self.consts:
+            return True, self.consts[v]
+        ok, c = _const(v)
+        if ok:
+            return True, c
+        return False, self.slot.get(v)  # (no slot yet while planning)
+
+    def tensor_type(self, v):
+        if v in self.tensor_types:
+            return self.tensor_types[v]
+        t = _tensor_type(v)
+        if t is None or t.scalarType() != "Float":
+            return None
+        return t
+
+    # buffers ------------------------------------------------------------------
+    def buffer(self, v, strides) -> tuple[int, torch.Tensor | None]:
+        """A slot for the result ``v`` of a primitive, laid out as ``strides``: a fresh
+        tensor per call for a group output, else a buffer kept from call to call
+        (reused once dead)."""
+        shape = tuple(self.tensor_type(v).sizes())
+        strides = tuple(strides)
+        self.layout[v] = strides
+        s = self.new_slot(v)
+        if v in self.outputs:
+            self.p.fresh[s] = (shape, strides)
+            self.dynamic.add(s)
+            return s, None
+        key = (shape, strides)
+        pool = self.free.get(key)
+        buf = pool.pop() if pool else torch.empty_strided(shape, strides)
+        self.buffers[s] = buf
+        self.p.env[s] = buf
+        return s, buf
+
+    def release(self, index: int) -> None:
+        """Buffers whose value was last read by step ``index`` become reusable."""
+        for v, last in list(self.last_use.items()):
+            if last != index or v not in self.slot:
+                continue
+            s = self.slot[v]
+            buf = self.buffers.get(s)
+            if buf is None or s in self.pinned:
+                continue
+            self.free.setdefault((tuple(buf.shape), tuple(buf.stride())), []).append(buf)
+            del self.last_use[v]
+
+    def memory(self, md, slot: int, args: list, arg: int, handles: list):
+        t = self.p.env[slot]
+        m = D.Memory(self.lib, md, t.data_ptr() if t is not None else 0)
+        args.append((arg, m))
+        if slot in self.dynamic:
+            handles.append((m.h, slot))
+        return m
+
+    def _slot(self, v) -> int:
+        return self.slot[self.alias.get(v, v)]
+
+    def strides_of(self, v) -> tuple:
+        """The layout of ``v`` as it runs here: a primitive's result as its buffer was
+        made, anything else as traced."""
+        v = self.alias.get(v, v)
+        if v in self.layout:
+            return self.layout[v]
+        t = self.tensor_type(v)
+        return _canonical(t.sizes(), t.strides())
+
+    def md_of_value(self, v):
+        return self.lib.md(self.tensor_type(v).sizes(), self.strides_of(v))
+
+    def nhwc(self, v):
+        """``v`` (4-D) in NHWC: itself, or a copy a reorder step makes once per call."""
+        shape = tuple(self.tensor_type(v).sizes())
+        want = _dense(shape, (0, 2, 3, 1))
+        if self.strides_of(v) == want:
+            return v
+        key = self.alias.get(v, v)
+        if key in self.nhwc_copies:
+            return self.nhwc_copies[key]
+        copy = _Copy(v)
+        self.tensor_types[copy] = self.tensor_type(v)
+        src_md = self.md_of_value(v)
+        slot, _ = self.buffer(copy, want)
+        self.pinned.add(slot)
+        args, handles = [], []
+        self.memory(src_md, self._slot(v), args, D.ARG_SRC, handles)
+        self.memory(self.lib.md(shape, want), slot, args, D.ARG_DST, handles)
+        prim = D.Primitive(self.lib, self.lib.reorder(src_md, self.lib.md(shape, want)), None,
+                           args, f"a reorder of {shape} to NHWC")
+        self.p.steps.append(_primitive_step(self.lib, prim, handles))
+        self.p.n_primitives += 1
+        self.nhwc_copies[key] = copy
+        return copy
+
+    # lowering -----------------------------------------------------------------
+    def build(self, example) -> Program:
+        for i, v in enumerate(self.graph.inputs()):
+            t = _tensor_type(v)
+            if t is None:
+                raise ValueError("a group input without a traced shape")
+            s = self.new_slot(v)
+            self.dynamic.add(s)
+            self.pinned.add(s)
+            self.p.inputs.append((s, tuple(t.sizes()), tuple(t.strides())))
+        for v in self.outputs:
+            if v in self.slot:  # an input returned as it is
+                continue
+        plan = self._plan()
+        for idx, n in enumerate(plan):
+            for v in n[-1]:
+                self.last_use[self.alias.get(v, v)] = idx
+        for idx, item in enumerate(plan):
+            kind = item[0]
+            if kind == "primitive":
+                try:
+                    self._emit_primitive(item)
+                except _Reference:  # ATen beats oneDNN's reference code: the nodes run there
+                    for node in (item[1], *item[6]):
+                        self._emit_aten(node)
+            else:
+                self._emit_aten(item[1])
+            self.release(idx)
+        for v in self.outputs:
+            ok, x = self.value(v)
+            if ok:
+                raise ValueError("a group output that is a constant")
+            self.p.outputs.append(x)
+        if self.scratch:  # one scratch buffer: the steps run one at a time
+            buf = torch.empty(self.scratch_bytes // 4 + 16)
+            self._keep(buf)
+            for m in self.scratch:
+                self.lib.set_handle(m.h, buf.data_ptr())
+        for v in self.outputs:  # outputs an ATen op makes are its own tensors
+            pass
+        self.p.env = self.p.env
+        # one run to check every step binds
+        return self.p
+
+    def _users(self, v):
+        return [u.user for u in v.uses()]
+
+    def _plan(self):
+        """The nodes in order, constants folded, fusions chosen: a list of
+        ``("primitive", anchor, fused nodes, post-op specs, out value, reads)`` and
+        ``("aten", node, reads)``."""
+        fused_into: dict = {}
+        plan = []
+        done = set()
+        # first constants and layout no-ops everywhere: a fusion looks ahead at them
+        for n in self.nodes:
+            if n.kind == "prim::Constant":
+                done.add(n.node)
+            elif n.kind == "aten::contiguous" and not self.value(n.ins[0])[0] \
+                    and self._same_layout(n.ins[0], n.outs[0]) \
+                    and n.outs[0] not in self.outputs:
+                self.alias[n.outs[0]] = self.alias.get(n.ins[0], n.ins[0])
+                done.add(n.node)
+            elif all(_const(v)[0] or v in self.consts for v in n.ins) and n.kind not in (
+                    "prim::TupleConstruct",) and n.outs:
+                self._fold(n)
+                done.add(n.node)
+        for n in self.nodes:
+            if n.node in fused_into or n.node in done:
+                continue
+            anchor = self._anchor(n)
+            if anchor is None:
+                plan.append(("aten", n, [v for v in n.ins]))
+                continue
+            posts, out, reads, chain = [], n.outs[0], list(anchor["reads"]), []
+            if anchor["fuses"]:
+                while True:
+                    users = self._users(out)
+                    if len(users) != 1 or out in self.outputs:
+                        break
+                    if users[0] in fused_into:  # the other operand's anchor took it
+                        break
+                    u = _Node(users[0])
+                    post = self._post_op(u, out)
+                    if post is None:
+                        break
+                    posts.append(post[0])
+                    reads.extend(post[1])
+                    chain.append(u)
+                    fused_into[u.node] = n
+                    out = u.outs[0]
+            plan.append(("primitive", n, anchor, posts, out, reads, chain))
+        # a fused primitive runs where its last fused node stood: reorder so that
+        # operands of post-ops made after the anchor exist
+        order = []
+        pos = {}
+        for i, n in enumerate(self.nodes):
+            pos[n.node] = i
+        keyed = []
+        for item in plan:
+            if item[0] == "primitive":
+                out_node = item[4].node()
+                keyed.append((pos.get(out_node, pos[item[1].node]), item))
+            else:
+                keyed.append((pos[item[1].node], item))
+        keyed.sort(key=lambda kv: kv[0])
+        for _, item in keyed:
+            order.append(item)
+        return order
+
+    def _same_layout(self, a, b) -> bool:
+        ta, tb = _tensor_type(a), _tensor_type(b)
+        return ta is not None and tb is not None and ta.sizes() == tb.sizes() \
+            and _canonical(ta.sizes(), ta.strides()) == _canonical(tb.sizes(), tb.strides())
+
+    def _fold(self, n: _Node) -> None:
+        """A node of constants computed once."""
+        if n.kind == "prim::ListConstruct":
+            self.consts[n.outs[0]] = [self.value(v)[1] for v in n.ins]
+            return
+        if n.kind == "prim::ListUnpack":
+            for v, c in zip(n.outs, self.value(n.ins[0])[1]):
+                self.consts[v] = c
+            return
+        fn, kw = _aten_op(n.node)
+        args = [self.value(v)[1] for v in n.ins]
+        npos = len(args) - len(kw)
+        out = fn(*args[:npos], **{a.name: x for a, x in zip(kw, args[npos:])})
+        outs = list(out) if isinstance(out, (tuple, list)) and len(n.outs) > 1 else [out]
+        for v, o in zip(n.outs, outs):
+            self.consts[v] = o
+
+    # anchors: nodes that become a primitive -------------------------------------
+    def _anchor(self, n: _Node):
+        k = n.kind
+        if not n.outs or self.tensor_type(n.outs[0]) is None:
+            return None
+        if k == "aten::_convolution":
+            return self._conv_anchor(n)
+        if k == "aten::linear":
+            return self._linear_anchor(n)
+        if k in _ELTWISE or k in ("aten::gelu", "aten::hardtanh", "aten::clamp"):
+            e = self._eltwise(n)
+            if e is None or not self._tensor_operand(n.ins[0]):
+                return None
+            return {"kind": "eltwise", "spec": e, "fuses": False, "reads": [n.ins[0]]}
+        if k in _BINARY:
+            return self._binary_anchor(n)
+        if k in ("aten::adaptive_avg_pool2d", "aten::mean"):
+            return self._mean_anchor(n)
+        if k in ("aten::max_pool2d", "aten::avg_pool2d"):
+            return self._pool_anchor(n)
+        return None
+
+    def _tensor_operand(self, v) -> bool:
+        """A float32 tensor made per call (not a constant) with a traced layout."""
+        return not self.value(v)[0] and self.tensor_type(v) is not None
+
+    def _conv_anchor(self, n: _Node):
+        x, w, b = n.ins[:3]
+        vals = [self.value(v) for v in n.ins[3:]]
+        if not all(ok for ok, _ in vals):
+            return None
+        stride, padding, dilation, transposed, _, groups = [c for _, c in vals[:6]]
+        okw, wt = self.value(w)
+        okb, bt = self.value(b)
+        if transposed or not okw or not isinstance(wt, torch.Tensor) or wt.dim() != 4 \
+                or wt.dtype != torch.float32 or not okb \
+                or not (bt is None or (isinstance(bt, torch.Tensor)
+                                       and bt.dtype == torch.float32)) \
+                or not self._tensor_operand(x) or self.tensor_type(x).dim() != 4:
+            return None
+        return {"kind": "conv", "w": wt, "b": bt, "stride": list(stride),
+                "padding": list(padding), "dilation": list(dilation), "groups": int(groups),
+                "fuses": True, "reads": [x]}
+
+    def _linear_anchor(self, n: _Node):
+        x, w, b = n.ins[:3]
+        okw, wt = self.value(w)
+        okb, bt = self.value(b)
+        if not okw or not isinstance(wt, torch.Tensor) or wt.dim() != 2 \
+                or wt.dtype != torch.float32 or not okb \
+                or not (bt is None or isinstance(bt, torch.Tensor)) \
+                or not self._tensor_operand(x):
+            return None
+        tx = self.tensor_type(x)
+        if tx.dim() < 2 or tx.dim() > 4:
+            return None
+        return {"kind": "linear", "w": wt, "b": bt, "fuses": True, "reads": [x]}
+
+    def _eltwise(self, n: _Node):
+        k = n.kind
+        if k in _ELTWISE:
+            name, a, b = _ELTWISE[k]
+            return D.ELTWISE[name], a, b
+        if k == "aten::gelu":
+            ok, approx = self.value(n.ins[1]) if len(n.ins) > 1 else (True, "none")
+            if not ok:
+                return None
+            return D.ELTWISE["gelu_tanh" if approx == "tanh" else "gelu_erf"], 0.0, 0.0
+        if k in ("aten::hardtanh", "aten::clamp"):
+            (ok1, lo), (ok2, hi) = self.value(n.ins[1]), self.value(n.ins[2])
+            if not (ok1 and ok2) or not all(x is None or isinstance(x, (int, float))
+                                            for x in (lo, hi)):
+                return None
+            return (D.ELTWISE["clip"], -_INF if lo is None else float(lo),
+                    _INF if hi is None else float(hi))
+        return None
+
+    def _scalar_linear(self, n: _Node, v):
+        """``v op number`` as oneDNN's ``alpha * x + beta``, or None."""
+        k = n.kind
+        if k not in _BINARY or n.ins[0] is not v:
+            return None
+        ok, c = self.value(n.ins[1])
+        if not ok or isinstance(c, bool) or not isinstance(c, (int, float)):
+            return None
+        alpha = 1.0
+        if k in ("aten::add", "aten::sub"):
+            oka, alpha = self.value(n.ins[2]) if len(n.ins) > 2 else (True, 1)
+            if not oka or not isinstance(alpha, (int, float)):
+                return None
+        c = float(c)
+        if k == "aten::add":
+            return D.ELTWISE["linear"], 1.0, c * alpha
+        if k == "aten::sub":
+            return D.ELTWISE["linear"], 1.0, -c * alpha
+        if k == "aten::mul":
+            return D.ELTWISE["linear"], c, 0.0
+        if c == 0.0:
+            return None
+        return D.ELTWISE["linear"], 1.0 / c, 0.0
+
+    def _binary_operands(self, n: _Node, full=None):
+        """(algorithm, full operand, broadcast operand) for a tensor-tensor binary op
+        whose result has the full operand's shape (``full`` if given and it can be),
+        the other's dimensions each equal or 1; or None."""
+        if len(n.ins) > 2:
+            ok, alpha = self.value(n.ins[2])
+            if not ok or alpha != 1:
+                return None
+        a, b = n.ins[:2]
+        if not (self._tensor_operand(a) and self._tensor_operand(b)):
+            return None
+        alg = _BINARY[n.kind]
+        if b is full and alg in _COMMUTES:
+            a, b = b, a
+        out = tuple(self.tensor_type(n.outs[0]).sizes())
+        ta, tb = tuple(self.tensor_type(a).sizes()), tuple(self.tensor_type(b).sizes())
+        if ta != out and alg in _COMMUTES and full is None:
+            a, b, ta, tb = b, a, tb, ta
+        if ta != out or len(tb) != len(out) or any(y not in (1, o) for y, o in zip(tb, out)):
+            return None
+        return alg, a, b
+
+    def _binary_anchor(self, n: _Node):
+        lin = self._scalar_linear(n, n.ins[0])
+        if lin is not None and self._tensor_operand(n.ins[0]):
+            return {"kind": "eltwise", "spec": lin, "fuses": False, "reads": [n.ins[0]]}
+        ops = self._binary_operands(n)
+        if ops is None:
+            return None
+        alg, a, b = ops
+        return {"kind": "binary", "alg": D.BINARY[alg], "a": a, "b": b, "fuses": True,
+                "reads": [a, b]}
+
+    def _mean_anchor(self, n: _Node):
+        x = n.ins[0]
+        if not self._tensor_operand(x) or self.tensor_type(x).dim() != 4:
+            return None
+        if n.kind == "aten::adaptive_avg_pool2d":
+            ok, size = self.value(n.ins[1])
+            if not ok or list(size) != [1, 1]:
+                return None
+        else:
+            (ok1, dims), (ok2, keep) = self.value(n.ins[1]), self.value(n.ins[2])
+            if not (ok1 and ok2) or keep is not True or dims is None \
+                    or sorted(d % 4 for d in dims) != [2, 3] \
+                    or (len(n.ins) > 3 and self.value(n.ins[3]) != (True, None)):
+                return None
+        return {"kind": "mean", "fuses": True, "reads": [x]}
+
+    def _pool_anchor(self, n: _Node):
+        x = n.ins[0]
+        if not self._tensor_operand(x) or self.tensor_type(x).dim() != 4:
+            return None
+        vals = [self.value(v) for v in n.ins[1:]]
+        if not all(ok for ok, _ in vals):
+            return None
+        if n.kind == "aten::max_pool2d":
+            kernel, stride, padding, dilation, ceil = [c for _, c in vals[:5]]
+            alg = D.POOLING["max"]
+        else:
+            kernel, stride, padding, ceil, include, divisor = [c for _, c in vals[:6]]
+            if divisor is not None or ceil:
+                return None
+            dilation = [1, 1]
+            alg = D.POOLING["avg_include_padding" if include else "avg_exclude_padding"]
+        kernel = list(kernel)
+        stride = list(stride) or kernel
+        return {"kind": "pool", "alg": alg, "kernel": kernel, "stride": stride,
+                "padding": list(padding), "dilation": list(dilation), "fuses": True,
+                "reads": [x]}
+
+    def _post_op(self, u: _Node, v):
+        """The post-op applying node ``u`` to the anchor's result ``v`` (same shape
+        out), and the values it reads; or None."""
+        if self.tensor_type(u.outs[0]) is None or \
+                tuple(self.tensor_type(u.outs[0]).sizes()) != tuple(self.tensor_type(v).sizes()):
+            return None
+        if u.ins[0] is v and (u.kind in _ELTWISE or u.kind in (
+                "aten::gelu", "aten::hardtanh", "aten::clamp")):
+            e = self._eltwise(u)
+            return (("eltwise",) + e, []) if e is not None else None
+        if u.kind in _BINARY:
+            lin = self._scalar_linear(u, v)
+            if lin is not None:
+                return ("eltwise",) + lin, []
+            ops = self._binary_operands(u, full=v)
+            if ops is None or ops[1] is not v or ops[2] is v:
+                return None
+            alg, _, other = ops
+            return ("binary", D.BINARY[alg], other), [other]
+        return None
+
+    # emitting -------------------------------------------------------------------
+    def _emit_primitive(self, item) -> None:
+        _, n, a, posts, out, _, _ = item
+        lib = self.lib
+        specs, binaries = [], []
+        for p in posts:
+            if p[0] == "eltwise":
+                specs.append(p)
+            else:
+                other = p[2]
+                if a["kind"] == "conv" and tuple(self.tensor_type(other).sizes()) == tuple(
+                        self.tensor_type(out).sizes()):
+                    other = self.nhwc(other)  # as the convolution's result is laid out
+                specs.append(("binary", p[1], self.md_of_value(other)))
+                binaries.append((len(specs) - 1, other))
+        kind = a["kind"]
+        shape = tuple(self.tensor_type(out).sizes())
+        if kind == "conv":  # convolutions run NHWC (a reorder first where needed)
+            x = self.nhwc(n.ins[0])
+            strides = _dense(shape, (0, 2, 3, 1))
+        elif kind == "linear":
+            strides = _dense(shape, range(len(shape)))
+        else:  # the first operand's dimension order
+            src = self.strides_of(a["a"] if kind == "binary" else a["reads"][0])
+            nhwc_src = len(shape) == 4 and src == _dense(
+                tuple(self.tensor_type(a["a"] if kind == "binary" else a["reads"][0]).sizes()),
+                (0, 2, 3, 1))
+            strides = _dense(shape, (0, 2, 3, 1) if nhwc_src else range(len(shape)))
+        attr = D.post_ops(lib, specs)
+        slot, _ = self.buffer(out, strides)
+        args, handles = [], []
+        dst_md = lib.md(shape, strides)
+        if kind == "conv":
+            wt, bt = a["w"], a["b"]
+            g = a["groups"]
+            oc, icg, kh, kw = wt.shape
+            wshape = (g, oc // g, icg, kh, kw) if g > 1 else tuple(wt.shape)
+            src_md = self.md_of_value(x)
+            b_md = None if bt is None else lib.md(bt.shape, bt.stride())
+            pad = a["padding"]
+            tx, to = self.tensor_type(x), self.tensor_type(out)
+            pad_r = [(o - 1) * s + (k - 1) * d + 1 - i - p for o, s, k, d, i, p in zip(
+                to.sizes()[2:], a["stride"], (kh, kw), a["dilation"], tx.sizes()[2:], pad)]
+            pd = lib.convolution(src_md, lib.md_any(wshape), b_md, dst_md, a["stride"],
+                                 [d - 1 for d in a["dilation"]], pad, pad_r, attr)
+            wmem = self._packed_weights(pd, wt.reshape(wshape).contiguous())
+            self.memory(src_md, self._slot(x), args, D.ARG_SRC, handles)
+            args.append((D.ARG_WEIGHTS, wmem))
+            if bt is not None:
+                bc = bt.contiguous()
+                self._keep(bc)
+                args.append((D.ARG_BIAS, D.Memory(lib, b_md, bc.data_ptr())))
+            what = f"a convolution {tuple(tx.sizes())} -> {tuple(to.sizes())}"
+        elif kind == "linear":
+            x = n.ins[0]
+            wt, bt = a["w"], a["b"]
+            tx = self.tensor_type(x)
+            r = tx.dim()
+            nout, k = wt.shape
+            src_md = self.md_of_value(x)
+            w_md = lib.md_any([1] * (r - 2) + [k, nout])
+            b_md = None if bt is None else lib.md([1] * (r - 1) + [nout], [nout] * (r - 1) + [1])
+            pd = lib.matmul(src_md, w_md, b_md, dst_md, attr)
+            wsrc = wt.t()  # [k, n] view of the [n, k] weight
+            wmem = self._packed_weights(pd, wsrc, shape=[1] * (r - 2) + [k, nout],
+                                        strides=[k * nout] * (r - 2) + list(wsrc.stride()))
+            self.memory(src_md, self._slot(x), args, D.ARG_SRC, handles)
+            args.append((D.ARG_WEIGHTS, wmem))
+            if bt is not None:
+                bc = bt.contiguous()
+                self._keep(bc)
+                args.append((D.ARG_BIAS, D.Memory(lib, b_md, bc.data_ptr())))
+            what = f"a linear {tuple(tx.sizes())} x {tuple(wt.shape)}"
+        elif kind == "eltwise":
+            x = a["reads"][0]
+            alg, alpha, beta = a["spec"]
+            src_md = self.md_of_value(x)
+            pd = lib.eltwise(alg, alpha, beta, src_md, dst_md, attr)
+            self.memory(src_md, self._slot(x), args, D.ARG_SRC, handles)
+            what = f"{n.kind} on {tuple(self.tensor_type(x).sizes())}"
+        elif kind == "binary":
+            s0, s1 = self.md_of_value(a["a"]), self.md_of_value(a["b"])
+            pd = lib.binary(a["alg"], s0, s1, dst_md, attr)
+            self.memory(s0, self._slot(a["a"]), args, D.ARG_SRC, handles)
+            self.memory(s1, self._slot(a["b"]), args, D.ARG_SRC_1, handles)
+            what = f"{n.kind} to {tuple(self.tensor_type(out).sizes())}"
+        elif kind == "mean":  # an average pooling over the whole image
+            x = a["reads"][0]
+            src_md = self.md_of_value(x)
+            hw = list(self.tensor_type(x).sizes())[2:]
+            pd = lib.pooling(D.POOLING["avg_exclude_padding"], src_md, dst_md, [1, 1], hw,
+                             [0, 0], [0, 0], [0, 0], attr)
+            self.memory(src_md, self._slot(x), args, D.ARG_SRC, handles)
+            what = f"a mean over {tuple(self.tensor_type(x).sizes())}"
+        else:  # pool
+            x = a["reads"][0]
+            tx, to = self.tensor_type(x), self.tensor_type(out)
+            src_md = self.md_of_value(x)
+            pad = a["padding"]
+            pad_r = [(o - 1) * s + (k - 1) * d + 1 - i - p for o, s, k, d, i, p in zip(
+                to.sizes()[2:], a["stride"], a["kernel"], a["dilation"], tx.sizes()[2:], pad)]
+            pd = lib.pooling(a["alg"], src_md, dst_md, a["stride"], a["kernel"],
+                             [d - 1 for d in a["dilation"]], pad, pad_r, attr)
+            self.memory(src_md, self._slot(x), args, D.ARG_SRC, handles)
+            what = f"{n.kind} on {tuple(tx.sizes())}"
+        if lib.implementation(pd).startswith("ref"):
+            lib.d.dnnl_primitive_desc_destroy(pd)
+            lib.d.dnnl_primitive_attr_destroy(attr)
+            self.layout.pop(out, None)
+            self.p.fresh.pop(slot, None)
+            raise _Reference(what)
+        for index, other in binaries:
+            md = self.md_of_value(other)
+            self.memory(md, self._slot(other), args, D.post_op_src1(index), handles)
+        self.memory(dst_md, slot, args, D.ARG_DST, handles)
+        scratch = lib.scratchpad_md(pd)
+        if scratch is not None and scratch.nbytes:
+            m = D.Memory(lib, scratch, 0)  # bound once every primitive is made
+            args.append((D.ARG_SCRATCHPAD, m))
+            self.scratch.append(m)
+            self.scratch_bytes = max(self.scratch_bytes, scratch.nbytes)
+        prim = D.Primitive(lib, pd, attr, args, what)
+        self.p.steps.append(_primitive_step(lib, prim, handles))
+        self.p.n_primitives += 1
+
+    def _keep(self, t: torch.Tensor) -> None:
+        self.p.__dict__.setdefault("kept", []).append(t)
+
+    def _packed_weights(self, pd, w: torch.Tensor, shape=None, strides=None):
+        lib = self.lib
+        src_md = lib.md(shape or w.shape, strides or w.stride())
+        dst_md = lib.weights_md(pd)
+        buf = torch.empty(dst_md.nbytes // 4 + 16)
+        self._keep(buf)
+        self._keep(w)
+        src, dst = D.Memory(lib, src_md, w.data_ptr()), D.Memory(lib, dst_md, buf.data_ptr())
+        rpd = lib.reorder(src_md, dst_md)
+        D.Primitive(lib, rpd, None, [(D.ARG_SRC, src), (D.ARG_DST, dst)],
+                    "reordering weights").run()
+        lib.check(lib.d.dnnl_stream_wait(lib.stream), "waiting for a reorder")
+        return dst
+
+    def _emit_aten(self, n: _Node) -> None:
+        if n.kind == "prim::TupleConstruct":
+            return
+        if n.kind == "prim::ListConstruct":
+            parts = [self.value(v) for v in n.ins]
+            s = self.new_slot(n.outs[0])
+            self.dynamic.add(s)
+
+            def make(env, parts=parts, s=s):
+                env[s] = [env[x] if not ok else x for ok, x in parts]
+            self.p.steps.append(make)
+            self._pin_reads(n)
+            return
+        if n.kind == "prim::ListUnpack":
+            ok, src = self.value(n.ins[0])
+            outs = [self.new_slot(v) for v in n.outs]
+            self.dynamic.update(outs)
+
+            def unpack(env, src=src, outs=outs):
+                for s, t in zip(outs, env[src]):
+                    env[s] = t
+            self.p.steps.append(unpack)
+            return
+        fn, kw = _aten_op(n.node)
+        parts = [self.value(v) for v in n.ins]
+        names = [a.name for a in kw] if kw else []
+        npos = len(parts) - len(names)
+        outs = [self.new_slot(v) for v in n.outs]
+        self.dynamic.update(outs)
+        self._pin_reads(n)
+        one = len(outs) == 1
+
+        # the layouts the primitives reading these results were made for
+        want = [(tuple(t.sizes()), _canonical(t.sizes(), t.strides()))
+                if (t := self.tensor_type(v)) is not None else None for v in n.outs]
+
+        def call(env, fn=fn, parts=parts, outs=outs, one=one, npos=npos, names=names,
+                 want=want):
+            vals = [env[x] if not ok else x for ok, x in parts]
+            r = fn(*vals[:npos], **dict(zip(names, vals[npos:]))) if names else fn(*vals)
+            for s, t, w in zip(outs, (r,) if one else r, want):
+                if w is not None and t.__class__ is torch.Tensor \
+                        and _canonical(w[0], t.stride()) != w[1]:
+                    t = torch.empty_strided(w[0], w[1], dtype=t.dtype).copy_(t)
+                env[s] = t
+        self.p.steps.append(call)
+        self.p.n_aten += 1
+
+    def _pin_reads(self, n: _Node) -> None:
+        """An ATen op may return a view of what it reads: those buffers stay theirs."""
+        for v in n.ins:
+            v = self.alias.get(v, v)
+            if v in self.slot:
+                self.pinned.add(self.slot[v])
+
+
+def _primitive_step(lib: D.Lib, prim: D.Primitive, handles: list):
+    execute, stream, h, args, nargs = lib.execute, lib.stream, prim.h, prim.args, prim.n
+    set_handle = lib.set_handle
+    check = lib.check
+    what = prim.what
+    if not handles:
+        def step(env):
+            if execute(h, stream, nargs, args):
+                check(1, what)
+    else:
+        def step(env):
+            for mh, s in handles:
+                set_handle(mh, env[s].data_ptr())
+            if execute(h, stream, nargs, args):
+                check(1, what)
+    step.prim = prim  # keeps the primitive and its memory objects alive
+    return step
+
+
+def _aten_op(node):
+    """The overload a TorchScript node calls, and its keyword-only arguments (the
+    node's last inputs, in order)."""
+    kind = node.kind()
+    if not kind.startswith("aten::"):
+        raise ValueError(f"{kind} cannot run outside TorchScript")
+    schema = node.schema()
+    if schema == "(no schema)":
+        raise ValueError(f"{kind} has no schema here")
+    schema = torch._C.parse_schema(schema)
+    packet = getattr(torch.ops.aten, kind.split("::", 1)[1], None)
+    op = getattr(packet, schema.overload_name or "default", None) if packet is not None \
+        else None
+    if op is None:
+        raise ValueError(f"{kind} is not an ATen op of this torch")
+    return op, [a for a in schema.arguments if a.kwarg_only]
+
+
+def build(graph, example=None) -> Program:
+    """The traced group ``graph`` as a Program (``ValueError`` where it cannot)."""
+    lib = D.lib()
+    if lib is None:
+        raise ValueError("oneDNN's library (the onednn-cpu-gomp package) is not available")
+    return _Builder(graph, lib).build(example)

@@ -1,0 +1,242 @@
+"""ATen groups run as oneDNN primitives of our own (``ExecOptions(onednn_primitives=True)``,
+``aot.fallback.dnnl_program``), compared with eager PyTorch.
+
+Tolerance: oneDNN sums in its own order, so values differ from eager's by float rounding
+(rtol 1e-4, atol 1e-5 on these small networks)."""
+
+import os
+import threading
+
+import pytest
+import torch
+
+import aot
+from aot.errors import ArtifactError
+from aot.fallback import dnnl_api, dnnl_program
+from aot.fallback.executor import ExecOptions
+from aot.runtime.module import CompiledModule
+from aot.tuning.regions import _with_executor, aten_candidates
+
+pytestmark = pytest.mark.skipif(not dnnl_api.available(),
+                                reason="oneDNN's library (onednn-cpu-gomp, x86-64 Linux) is "
+                                       "not installed")
+
+TOL = dict(rtol=1e-4, atol=1e-5)
+
+
+class Net(torch.nn.Module):
+    """A MobileNet-like network: a stem, a depthwise convolution with SiLU, squeeze-
+    excitation, a residual add and ReLU fused into a convolution, pooling with
+    ceil_mode, arithmetic with numbers, a global mean, a linear with GELU; and a second
+    result that is an intermediate."""
+
+    def __init__(self):
+        super().__init__()
+        self.stem = torch.nn.Conv2d(3, 16, 3, stride=2, padding=1)
+        self.dw = torch.nn.Conv2d(16, 16, 3, padding=1, groups=16)
+        self.se1 = torch.nn.Conv2d(16, 4, 1)
+        self.se2 = torch.nn.Conv2d(4, 16, 1)
+        self.pw = torch.nn.Conv2d(16, 16, 1)
+        self.dil = torch.nn.Conv2d(16, 16, 3, padding=2, dilation=2)
+        self.fc = torch.nn.Linear(16, 10)
+
+    def forward(self, x):
+        x = torch.nn.functional.hardswish(self.stem(x))
+        y = torch.nn.functional.silu(self.dw(x))
+        s = torch.nn.functional.hardsigmoid(
+            self.se2(torch.relu(self.se1(torch.nn.functional.adaptive_avg_pool2d(y, 1)))))
+        y = torch.relu(self.pw(y * s) + x)
+        z = torch.clamp(self.dil(y), -1.0, 2.0)
+        p = torch.nn.functional.max_pool2d(z, 3, 2, 1, ceil_mode=True) * 0.5 + 1.0
+        p = torch.nn.functional.avg_pool2d(p, 2) - 0.25
+        v = torch.nn.functional.gelu(self.fc(p.mean((2, 3))))
+        return torch.tanh(v) / 3.0, y
+
+
+def _module(m, xs):
+    allm = aot.compile(m, xs, fallback="all")
+    return CompiledModule(_with_executor(allm.artifact, ExecOptions(onednn_primitives=True)))
+
+
+def _group(cm):
+    return cm.host.functions[cm.manifest["kernel_calls"][0]["key"]].graph
+
+
+def _check(cm, m, make, calls=3):
+    with torch.no_grad():
+        for _ in range(calls):
+            xs = make()
+            got, ref = cm(*xs), m(*xs)
+            got = got if isinstance(got, (tuple, list)) else (got,)
+            ref = ref if isinstance(ref, (tuple, list)) else (ref,)
+            for g, r in zip(got, ref):
+                torch.testing.assert_close(g, r, **TOL)
+
+
+def test_group_runs_as_primitives_and_matches_eager():
+    torch.manual_seed(0)
+    m = Net().eval()
+    make = lambda: (torch.randn(1, 3, 32, 32),)  # noqa: E731
+    cm = _module(m, make())
+    _check(cm, m, make)
+    graph = _group(cm)
+    assert graph.failed is None
+    prog = graph.program
+    # every op of this network has a primitive: convolutions with their activations,
+    # the residual add and ReLU fused; the scaling, poolings and number arithmetic
+    # alone or fused; only the flatten after the mean (a view) runs in ATen
+    assert prog.n_aten <= 1, prog.n_aten
+    assert 8 <= prog.n_primitives <= 14, prog.n_primitives
+
+
+def test_fusions_take_the_activation_and_residual_into_the_convolution():
+    torch.manual_seed(1)
+
+    class Block(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a = torch.nn.Conv2d(8, 8, 3, padding=1)
+            self.b = torch.nn.Conv2d(8, 8, 3, padding=1)
+
+        def forward(self, x):
+            return torch.relu(self.b(torch.relu(self.a(x))) + x)
+
+    m = Block().eval()
+    make = lambda: (torch.randn(1, 8, 16, 16),)  # noqa: E731
+    cm = _module(m, make())
+    _check(cm, m, make)
+    # the input's reorder to NHWC, conv+relu, conv+add+relu: three primitives
+    assert _group(cm).program.n_primitives == 3
+
+
+def test_ops_without_a_primitive_run_in_aten_between_them():
+    torch.manual_seed(2)
+
+    class Mixed(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.l1 = torch.nn.Linear(32, 64)
+            self.l2 = torch.nn.Linear(64, 32)
+            self.l3 = torch.nn.Linear(32, 32)
+            self.l4 = torch.nn.Linear(32, 32)
+            self.norm = torch.nn.LayerNorm(32)
+
+        def forward(self, x):
+            h = self.l2(torch.nn.functional.gelu(self.l1(x))) + x
+            h = self.norm(h)
+            a = torch.softmax(self.l3(h) @ h.transpose(1, 2), dim=-1)
+            h = torch.flip(a @ h, dims=[1]) + h
+            return self.l4(h).cumsum(1)
+
+    m = Mixed().eval()
+    make = lambda: (torch.randn(2, 7, 32),)  # noqa: E731
+    cm = _module(m, make())
+    _check(cm, m, make)
+    prog = _group(cm).program
+    assert prog.n_aten >= 4 and prog.n_primitives >= 4
+
+
+def test_program_survives_save_and_load(tmp_path):
+    torch.manual_seed(3)
+    m = Net().eval()
+    make = lambda: (torch.randn(1, 3, 32, 32),)  # noqa: E731
+    cm = _module(m, make())
+    path = os.path.join(tmp_path, "m.aot")
+    cm.save(path)
+    loaded = aot.load(path)
+    assert loaded.exec_options.onednn_primitives
+    _check(loaded, m, make)
+    assert _group(loaded).program is not None
+
+
+def test_inputs_in_another_layout_and_results_that_outlive_the_call():
+    torch.manual_seed(4)
+    m = Net().eval()
+    cm = _module(m, (torch.randn(1, 3, 32, 32),))
+    with torch.no_grad():
+        x1 = torch.randn(1, 3, 32, 32).contiguous(memory_format=torch.channels_last)
+        x2 = torch.randn(1, 32, 32, 3).permute(0, 3, 1, 2)
+        first = cm(x1)
+        second = cm(x2)
+        # the first call's results are not overwritten by the second's
+        for g, r in zip(first, m(x1)):
+            torch.testing.assert_close(g, r, **TOL)
+        for g, r in zip(second, m(x2)):
+            torch.testing.assert_close(g, r, **TOL)
+
+
+def test_threads_calling_one_program_get_their_own_answers():
+    torch.manual_seed(5)
+    m = Net().eval()
+    cm = _module(m, (torch.randn(1, 3, 32, 32),))
+    xs = [torch.randn(1, 3, 32, 32) for _ in range(4)]
+    with torch.no_grad():
+        cm(xs[0])
+        want = [m(x) for x in xs]
+    got, errors = [None] * len(xs), []
+
+    def work(i):
+        try:
+            with torch.no_grad():
+                for _ in range(20):
+                    got[i] = cm(xs[i])
+        except Exception as e:  # noqa: BLE001
+            errors.append(e)
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(len(xs))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors
+    for g, w in zip(got, want):
+        for a, b in zip(g, w):
+            torch.testing.assert_close(a, b, **TOL)
+
+
+def test_executor_entry_is_checked_on_load():
+    assert ExecOptions.from_json({"onednn_primitives": True}).onednn_primitives
+    assert "onednn_primitives" not in ExecOptions().to_json()  # older artifacts unchanged
+    with pytest.raises(ArtifactError, match="onednn_primitives"):
+        ExecOptions.from_json({"onednn_primitives": 1})
+
+
+def test_programs_with_enough_kernels_get_the_candidate():
+    from aot.partition.placement import PlacementPolicy
+    from aot.passes.prepare import prepare
+    from aot.stages import export
+    from aot.toolchain.targets import get_target
+    from aot.tuning.regions import GRAPH_MIN_KERNELS
+
+    torch.manual_seed(6)
+    deep = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3, padding=1), torch.nn.ReLU(),
+                               *[torch.nn.Conv2d(8, 8, 3, padding=1)
+                                 for _ in range(GRAPH_MIN_KERNELS - 1)]).eval()
+    imported = export(deep, (torch.randn(1, 3, 32, 32),)).imported
+    imported, _ = prepare(imported, PlacementPolicy())
+    cands = aten_candidates(imported, get_target("cpu"))
+    assert cands["aten-onednn-primitives"].manifest.executor["onednn_primitives"] is True
+    # the candidate runs (traced NHWC): one primitive per convolution, ReLU fused
+    cm = CompiledModule(cands["aten-onednn-primitives"])
+    _check(cm, deep, lambda: (torch.randn(1, 3, 32, 32),), calls=2)
+    assert _group(cm).program.n_primitives == GRAPH_MIN_KERNELS
+
+
+def test_library_enums_match_its_names():
+    lib = dnnl_api.lib()
+    assert lib.names_agree()
+
+
+def test_canonical_strides_of_size_one_dimensions():
+    # an NHWC tensor with a 1x1 image: ATen's strides for the 1-dims vary, the layout not
+    assert dnnl_program._canonical((1, 8, 1, 1), (8, 1, 1, 1)) == (8, 1, 8, 8)
+    assert dnnl_program._canonical((1, 8, 4, 4), (128, 1, 32, 8)) == (128, 1, 32, 8)
+    assert dnnl_program._canonical((2, 3), (3, 1)) == (3, 1)
+    assert dnnl_program._canonical((2, 3), (1, 2)) == (1, 2)  # not dense row-major: kept
+
+
+def test_unknown_graph_input_is_a_value_error():
+    g = torch._C.Graph()
+    g.addInput()  # no traced type
+    with pytest.raises(ValueError):
+        dnnl_program.build(g)
