@@ -181,10 +181,10 @@ class Lib:
             "creating a pooling")
         return pd
 
-    def reorder(self, src, dst):
+    def reorder(self, src, dst, attr=None):
         pd = _V()
         self.check(self.d.dnnl_reorder_primitive_desc_create(
-            C.byref(pd), src.h, self.engine, dst.h, self.engine, None), "creating a reorder")
+            C.byref(pd), src.h, self.engine, dst.h, self.engine, attr), "creating a reorder")
         return pd
 
     def weights_md(self, pd) -> "_Md":

@@ -271,8 +271,10 @@ class _Builder:
         args, handles = [], []
         self.memory(src_md, self._slot(v), args, D.ARG_SRC, handles)
         self.memory(self.lib.md(shape, want), slot, args, D.ARG_DST, handles)
-        prim = D.Primitive(self.lib, self.lib.reorder(src_md, self.lib.md(shape, want)), None,
-                           args, f"a reorder of {shape} to NHWC")
+        attr = D.post_ops(self.lib, [])
+        pd = self.lib.reorder(src_md, self.lib.md(shape, want), attr)
+        self._scratch(pd, args)
+        prim = D.Primitive(self.lib, pd, attr, args, f"a reorder of {shape} to NHWC")
         self.p.steps.append(_primitive_step(self.lib, prim, handles))
         self.p.n_primitives += 1
         self.nhwc_copies[key] = copy
@@ -430,6 +432,8 @@ class _Builder:
             return self._mean_anchor(n)
         if k in ("aten::max_pool2d", "aten::avg_pool2d"):
             return self._pool_anchor(n)
+        if k == "aten::contiguous" and self._tensor_operand(n.ins[0]):
+            return {"kind": "reorder", "fuses": False, "reads": [n.ins[0]]}
         return None
 
     def _tensor_operand(self, v) -> bool:
@@ -625,6 +629,9 @@ class _Builder:
             strides = _dense(shape, (0, 2, 3, 1))
         elif kind == "linear":
             strides = _dense(shape, range(len(shape)))
+        elif kind == "reorder":  # the layout the copy was for
+            t = self.tensor_type(out)
+            strides = _canonical(t.sizes(), t.strides())
         else:  # the first operand's dimension order
             src = self.strides_of(a["a"] if kind == "binary" else a["reads"][0])
             nhwc_src = len(shape) == 4 and src == _dense(
@@ -697,6 +704,12 @@ class _Builder:
                              [0, 0], [0, 0], [0, 0], attr)
             self.memory(src_md, self._slot(x), args, D.ARG_SRC, handles)
             what = f"a mean over {tuple(self.tensor_type(x).sizes())}"
+        elif kind == "reorder":
+            x = a["reads"][0]
+            src_md = self.md_of_value(x)
+            pd = lib.reorder(src_md, dst_md, attr)
+            self.memory(src_md, self._slot(x), args, D.ARG_SRC, handles)
+            what = f"a layout copy of {tuple(self.tensor_type(x).sizes())}"
         else:  # pool
             x = a["reads"][0]
             tx, to = self.tensor_type(x), self.tensor_type(out)
@@ -718,15 +731,20 @@ class _Builder:
             md = self.md_of_value(other)
             self.memory(md, self._slot(other), args, D.post_op_src1(index), handles)
         self.memory(dst_md, slot, args, D.ARG_DST, handles)
-        scratch = lib.scratchpad_md(pd)
-        if scratch is not None and scratch.nbytes:
-            m = D.Memory(lib, scratch, 0)  # bound once every primitive is made
-            args.append((D.ARG_SCRATCHPAD, m))
-            self.scratch.append(m)
-            self.scratch_bytes = max(self.scratch_bytes, scratch.nbytes)
+        self._scratch(pd, args)
         prim = D.Primitive(lib, pd, attr, args, what)
         self.p.steps.append(_primitive_step(lib, prim, handles))
         self.p.n_primitives += 1
+
+    def _scratch(self, pd, args: list) -> None:
+        """The primitive's scratch memory: the program's one buffer, bound once every
+        primitive is made."""
+        scratch = self.lib.scratchpad_md(pd)
+        if scratch is not None and scratch.nbytes:
+            m = D.Memory(self.lib, scratch, 0)
+            args.append((D.ARG_SCRATCHPAD, m))
+            self.scratch.append(m)
+            self.scratch_bytes = max(self.scratch_bytes, scratch.nbytes)
 
     def _keep(self, t: torch.Tensor) -> None:
         self.p.__dict__.setdefault("kept", []).append(t)
