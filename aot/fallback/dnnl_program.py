@@ -16,9 +16,9 @@ flat list of steps over numbered value slots:
   tensors), and a node whose operands are all constants is computed once, here.
 
 Weights are reordered once into the layout each primitive prefers. Every primitive's
-result lives in a buffer allocated here, once, and reused by later results of the same
-size once the value is dead (values an ATen op reads stay, as it may return a view of
-them), so one call allocates nothing but its outputs, and the working set stays small.
+result lives in a buffer of its own allocated here, once, so one call allocates nothing
+but its outputs (buffers are not yet shared between values whose lifetimes do not
+overlap).
 A call binds the group's inputs (copied to the traced layout where they arrive in
 another) and runs the steps in order under a lock (the buffers are the program's).
 
@@ -155,11 +155,7 @@ class _Builder:
         self.consts: dict = {}  # torch Value -> Python value (constants, folded)
         self.nodes = [_Node(n) for n in graph.nodes()]
         self.dynamic: set[int] = set()  # slots whose tensor changes per call
-        self.pinned: set[int] = set()  # slots whose buffer is never reused
         self.outputs = self._graph_outputs()
-        self.buffers: dict[int, torch.Tensor] = {}  # slot -> buffer it writes
-        self.last_use: dict = {}
-        self.free: dict[tuple, list] = {}
         self.alias: dict = {}  # a layout no-op's result -> the value it returns
         self.layout: dict = {}  # a primitive's result -> the strides of its buffer
         self.nhwc_copies: dict = {}  # a value -> its NHWC copy (a _Copy)
@@ -202,8 +198,7 @@ class _Builder:
     # buffers ------------------------------------------------------------------
     def buffer(self, v, strides) -> tuple[int, torch.Tensor | None]:
         """A slot for the result ``v`` of a primitive, laid out as ``strides``: a fresh
-        tensor per call for a group output, else a buffer kept from call to call
-        (reused once dead)."""
+        tensor per call for a group output, else a buffer kept from call to call."""
         shape = tuple(self.tensor_type(v).sizes())
         strides = tuple(strides)
         self.layout[v] = strides
@@ -212,24 +207,9 @@ class _Builder:
             self.p.fresh[s] = (shape, strides)
             self.dynamic.add(s)
             return s, None
-        key = (shape, strides)
-        pool = self.free.get(key)
-        buf = pool.pop() if pool else torch.empty_strided(shape, strides)
-        self.buffers[s] = buf
+        buf = torch.empty_strided(shape, strides)
         self.p.env[s] = buf
         return s, buf
-
-    def release(self, index: int) -> None:
-        """Buffers whose value was last read by step ``index`` become reusable."""
-        for v, last in list(self.last_use.items()):
-            if last != index or v not in self.slot:
-                continue
-            s = self.slot[v]
-            buf = self.buffers.get(s)
-            if buf is None or s in self.pinned:
-                continue
-            self.free.setdefault((tuple(buf.shape), tuple(buf.stride())), []).append(buf)
-            del self.last_use[v]
 
     def memory(self, md, slot: int, args: list, arg: int, handles: list):
         t = self.p.env[slot]
@@ -267,7 +247,6 @@ class _Builder:
         self.tensor_types[copy] = self.tensor_type(v)
         src_md = self.md_of_value(v)
         slot, _ = self.buffer(copy, want)
-        self.pinned.add(slot)
         args, handles = [], []
         self.memory(src_md, self._slot(v), args, D.ARG_SRC, handles)
         self.memory(self.lib.md(shape, want), slot, args, D.ARG_DST, handles)
@@ -288,16 +267,12 @@ class _Builder:
                 raise ValueError("a group input without a traced shape")
             s = self.new_slot(v)
             self.dynamic.add(s)
-            self.pinned.add(s)
             self.p.inputs.append((s, tuple(t.sizes()), tuple(t.strides())))
         for v in self.outputs:
             if v in self.slot:  # an input returned as it is
                 continue
         plan = self._plan()
-        for idx, n in enumerate(plan):
-            for v in n[-1]:
-                self.last_use[self.alias.get(v, v)] = idx
-        for idx, item in enumerate(plan):
+        for item in plan:
             kind = item[0]
             if kind == "primitive":
                 try:
@@ -307,7 +282,6 @@ class _Builder:
                         self._emit_aten(node)
             else:
                 self._emit_aten(item[1])
-            self.release(idx)
         for v in self.outputs:
             ok, x = self.value(v)
             if ok:
@@ -774,7 +748,6 @@ class _Builder:
             def make(env, parts=parts, s=s):
                 env[s] = [env[x] if not ok else x for ok, x in parts]
             self.p.steps.append(make)
-            self._pin_reads(n)
             return
         if n.kind == "prim::ListUnpack":
             ok, src = self.value(n.ins[0])
@@ -792,7 +765,6 @@ class _Builder:
         npos = len(parts) - len(names)
         outs = [self.new_slot(v) for v in n.outs]
         self.dynamic.update(outs)
-        self._pin_reads(n)
         one = len(outs) == 1
 
         # the layouts the primitives reading these results were made for
@@ -810,13 +782,6 @@ class _Builder:
                 env[s] = t
         self.p.steps.append(call)
         self.p.n_aten += 1
-
-    def _pin_reads(self, n: _Node) -> None:
-        """An ATen op may return a view of what it reads: those buffers stay theirs."""
-        for v in n.ins:
-            v = self.alias.get(v, v)
-            if v in self.slot:
-                self.pinned.add(self.slot[v])
 
 
 def _primitive_step(lib: D.Lib, prim: D.Primitive, handles: list):

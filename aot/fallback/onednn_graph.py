@@ -24,6 +24,10 @@ the ``aten`` candidate does.
 
 Values change by rounding only (oneDNN accumulates in another order). The region
 candidate using this is chosen only where it measured faster (``aot.tuning.regions``).
+
+With ``primitives=True`` (``ExecOptions.onednn_primitives``) the same trace, rewrites
+included, is lowered by ``dnnl_program`` to oneDNN primitives of our own instead of
+TorchScript's fuser, under the same agreement check.
 """
 
 from __future__ import annotations
