@@ -16,9 +16,10 @@ flat list of steps over numbered value slots:
   tensors), and a node whose operands are all constants is computed once, here.
 
 Weights are reordered once into the layout each primitive prefers. Every primitive's
-result lives in a buffer of its own allocated here, once, so one call allocates nothing
-but its outputs (buffers are not yet shared between values whose lifetimes do not
-overlap).
+result lives in a buffer allocated here, once, and shared with later results once the
+value is dead (the smallest free buffer that holds it; values an ATen op reads keep
+theirs, as it may return a view of them), so one call allocates nothing but its
+outputs, and the working set stays near the size of the live values.
 A call binds the group's inputs (copied to the traced layout where they arrive in
 another) and runs the steps in order under a lock (the buffers are the program's).
 
@@ -157,6 +158,10 @@ class _Builder:
         self.dynamic: set[int] = set()  # slots whose tensor changes per call
         self.outputs = self._graph_outputs()
         self.alias: dict = {}  # a layout no-op's result -> the value it returns
+        self.flat: dict[int, torch.Tensor] = {}  # slot -> the buffer under its value
+        self.free: list[torch.Tensor] = []  # buffers no live value uses
+        self.pinned: set[int] = set()  # slots whose buffer an ATen op's result may view
+        self.dies: dict[int, list] = {}  # plan item -> values it reads last
         self.layout: dict = {}  # a primitive's result -> the strides of its buffer
         self.nhwc_copies: dict = {}  # a value -> its NHWC copy (a _Copy)
         self.tensor_types: dict = {}  # types of values made here (the copies)
@@ -198,7 +203,8 @@ class _Builder:
     # buffers ------------------------------------------------------------------
     def buffer(self, v, strides) -> tuple[int, torch.Tensor | None]:
         """A slot for the result ``v`` of a primitive, laid out as ``strides``: a fresh
-        tensor per call for a group output, else a buffer kept from call to call."""
+        tensor per call for a group output, else a buffer kept from call to call
+        (a free one reused where one holds it)."""
         shape = tuple(self.tensor_type(v).sizes())
         strides = tuple(strides)
         self.layout[v] = strides
@@ -207,9 +213,23 @@ class _Builder:
             self.p.fresh[s] = (shape, strides)
             self.dynamic.add(s)
             return s, None
-        buf = torch.empty_strided(shape, strides)
+        need = 1 + sum((d - 1) * st for d, st in zip(shape, strides)) if all(shape) else 1
+        fits = [i for i, f in enumerate(self.free) if f.numel() >= need]
+        if fits:
+            flat = self.free.pop(min(fits, key=lambda i: self.free[i].numel()))
+        else:
+            flat = torch.empty(need)
+        buf = flat.as_strided(shape, strides)
+        self.flat[s] = flat
         self.p.env[s] = buf
         return s, buf
+
+    def release(self, index: int) -> None:
+        """The buffers of values last read by plan item ``index`` become free."""
+        for v in self.dies.pop(index, ()):
+            s = self.slot.get(v)
+            if s is not None and s in self.flat and s not in self.pinned:
+                self.free.append(self.flat.pop(s))
 
     def memory(self, md, slot: int, args: list, arg: int, handles: list):
         t = self.p.env[slot]
@@ -272,7 +292,14 @@ class _Builder:
             if v in self.slot:  # an input returned as it is
                 continue
         plan = self._plan()
-        for item in plan:
+        last = {}
+        for idx, item in enumerate(plan):
+            for v in (item[5] if item[0] == "primitive" else item[2]):
+                last[self.alias.get(v, v)] = idx
+        for v, idx in last.items():
+            if v not in self.outputs:
+                self.dies.setdefault(idx, []).append(v)
+        for idx, item in enumerate(plan):
             kind = item[0]
             if kind == "primitive":
                 try:
@@ -282,6 +309,7 @@ class _Builder:
                         self._emit_aten(node)
             else:
                 self._emit_aten(item[1])
+            self.release(idx)
         for v in self.outputs:
             ok, x = self.value(v)
             if ok:
@@ -741,6 +769,10 @@ class _Builder:
         if n.kind == "prim::TupleConstruct":
             return
         if n.kind == "prim::ListConstruct":
+            for v in n.ins:  # the list is read later: its tensors keep their buffers
+                s = self.slot.get(self.alias.get(v, v))
+                if s is not None:
+                    self.pinned.add(s)
             parts = [self.value(v) for v in n.ins]
             s = self.new_slot(n.outs[0])
             self.dynamic.add(s)
@@ -759,6 +791,10 @@ class _Builder:
                     env[s] = t
             self.p.steps.append(unpack)
             return
+        for v in n.ins:  # its result may be a view of what it reads
+            s = self.slot.get(self.alias.get(v, v))
+            if s is not None:
+                self.pinned.add(s)
         fn, kw = _aten_op(n.node)
         parts = [self.value(v) for v in n.ins]
         names = [a.name for a in kw] if kw else []
