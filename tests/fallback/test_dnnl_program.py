@@ -241,3 +241,20 @@ def test_unknown_graph_input_is_a_value_error():
     g.addInput()  # no traced type
     with pytest.raises(ValueError):
         dnnl_program.build(g)
+
+
+def test_dead_values_buffers_serve_later_results():
+    torch.manual_seed(7)
+    m = torch.nn.Sequential(*[torch.nn.Sequential(torch.nn.Conv2d(8, 8, 3, padding=1),
+                                                  torch.nn.ReLU()) for _ in range(6)],
+                            torch.nn.Conv2d(8, 4, 1)).eval()
+    make = lambda: (torch.randn(1, 8, 16, 16),)  # noqa: E731
+    cm = _module(m, make())
+    _check(cm, m, make)
+    prog = _group(cm).program
+    storages = {t.untyped_storage().data_ptr() for t in prog.env
+                if isinstance(t, torch.Tensor)}
+    # seven convolutions (the last one's result is the output, fresh per call) and the
+    # input's reorder: two buffers alternate between the intermediates, plus the copy
+    assert prog.n_primitives == 8
+    assert len(storages) <= 3, len(storages)
