@@ -653,17 +653,12 @@ class _Builder:
             b_md = None if bt is None else lib.md(bt.shape, bt.stride())
             pad = a["padding"]
             tx, to = self.tensor_type(x), self.tensor_type(out)
-            pad_r = [(o - 1) * s + (k - 1) * d + 1 - i - p for o, s, k, d, i, p in zip(
-                to.sizes()[2:], a["stride"], (kh, kw), a["dilation"], tx.sizes()[2:], pad)]
+            pad_r = _right_padding(tx, to, a["stride"], (kh, kw), a["dilation"], pad)
             pd = lib.convolution(src_md, lib.md_any(wshape), b_md, dst_md, a["stride"],
                                  [d - 1 for d in a["dilation"]], pad, pad_r, attr)
             wmem = self._packed_weights(pd, wt.reshape(wshape).contiguous())
             self.memory(src_md, self._slot(x), args, D.ARG_SRC, handles)
-            args.append((D.ARG_WEIGHTS, wmem))
-            if bt is not None:
-                bc = bt.contiguous()
-                self._keep(bc)
-                args.append((D.ARG_BIAS, D.Memory(lib, b_md, bc.data_ptr())))
+            self._weights_and_bias(args, wmem, bt, b_md)
             what = f"a convolution {tuple(tx.sizes())} -> {tuple(to.sizes())}"
         elif kind == "linear":
             x = n.ins[0]
@@ -679,11 +674,7 @@ class _Builder:
             wmem = self._packed_weights(pd, wsrc, shape=[1] * (r - 2) + [k, nout],
                                         strides=[k * nout] * (r - 2) + list(wsrc.stride()))
             self.memory(src_md, self._slot(x), args, D.ARG_SRC, handles)
-            args.append((D.ARG_WEIGHTS, wmem))
-            if bt is not None:
-                bc = bt.contiguous()
-                self._keep(bc)
-                args.append((D.ARG_BIAS, D.Memory(lib, b_md, bc.data_ptr())))
+            self._weights_and_bias(args, wmem, bt, b_md)
             what = f"a linear {tuple(tx.sizes())} x {tuple(wt.shape)}"
         elif kind == "eltwise":
             x = a["reads"][0]
@@ -717,8 +708,7 @@ class _Builder:
             tx, to = self.tensor_type(x), self.tensor_type(out)
             src_md = self.md_of_value(x)
             pad = a["padding"]
-            pad_r = [(o - 1) * s + (k - 1) * d + 1 - i - p for o, s, k, d, i, p in zip(
-                to.sizes()[2:], a["stride"], a["kernel"], a["dilation"], tx.sizes()[2:], pad)]
+            pad_r = _right_padding(tx, to, a["stride"], a["kernel"], a["dilation"], pad)
             pd = lib.pooling(a["alg"], src_md, dst_md, a["stride"], a["kernel"],
                              [d - 1 for d in a["dilation"]], pad, pad_r, attr)
             self.memory(src_md, self._slot(x), args, D.ARG_SRC, handles)
@@ -747,6 +737,13 @@ class _Builder:
             args.append((D.ARG_SCRATCHPAD, m))
             self.scratch.append(m)
             self.scratch_bytes = max(self.scratch_bytes, scratch.nbytes)
+
+    def _weights_and_bias(self, args: list, wmem, bias, b_md) -> None:
+        args.append((D.ARG_WEIGHTS, wmem))
+        if bias is not None:
+            b = bias.contiguous()
+            self._keep(b)
+            args.append((D.ARG_BIAS, D.Memory(self.lib, b_md, b.data_ptr())))
 
     def _keep(self, t: torch.Tensor) -> None:
         self.p.__dict__.setdefault("kept", []).append(t)
@@ -818,6 +815,13 @@ class _Builder:
                 env[s] = t
         self.p.steps.append(call)
         self.p.n_aten += 1
+
+
+def _right_padding(tx, to, stride, kernel, dilation, pad) -> list[int]:
+    """The padding after each spatial dimension that gives the traced output size (more
+    than ``pad`` under ``ceil_mode``)."""
+    return [(o - 1) * s + (k - 1) * d + 1 - i - p for o, s, k, d, i, p in zip(
+        to.sizes()[2:], stride, kernel, dilation, tx.sizes()[2:], pad)]
 
 
 def _primitive_step(lib: D.Lib, prim: D.Primitive, handles: list):
