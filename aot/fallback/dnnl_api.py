@@ -74,7 +74,11 @@ def _dims(xs) -> _DIMS:
 
 
 def _library_path() -> str | None:
-    for prefix in (sys.prefix, sys.base_prefix):
+    """Where the wheel put the library: the environment's ``lib/`` (a ``--user``
+    install: the user base's)."""
+    import site
+
+    for prefix in (sys.prefix, sys.base_prefix, site.getuserbase()):
         p = os.path.join(prefix, "lib", "libdnnl.so.3")
         if os.path.exists(p):
             return p
