@@ -170,13 +170,6 @@ class Lib:
             C.byref(pd), self.engine, alg, src0.h, src1.h, dst.h, attr), "creating a binary op")
         return pd
 
-    def reduction_mean(self, src, dst, attr):
-        pd = _V()
-        self.check(self.d.dnnl_reduction_primitive_desc_create(
-            C.byref(pd), self.engine, REDUCTION_MEAN, src.h, dst.h, C.c_float(0.0),
-            C.c_float(0.0), attr), "creating a mean")
-        return pd
-
     def pooling(self, alg, src, dst, strides, kernel, dilation, pad_l, pad_r, attr):
         pd = _V()
         self.check(self.d.dnnl_pooling_forward_primitive_desc_create(

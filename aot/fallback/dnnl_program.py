@@ -280,17 +280,14 @@ class _Builder:
         return copy
 
     # lowering -----------------------------------------------------------------
-    def build(self, example) -> Program:
-        for i, v in enumerate(self.graph.inputs()):
+    def build(self) -> Program:
+        for v in self.graph.inputs():
             t = _tensor_type(v)
             if t is None:
                 raise ValueError("a group input without a traced shape")
             s = self.new_slot(v)
             self.dynamic.add(s)
             self.p.inputs.append((s, tuple(t.sizes()), tuple(t.strides())))
-        for v in self.outputs:
-            if v in self.slot:  # an input returned as it is
-                continue
         plan = self._plan()
         last = {}
         for idx, item in enumerate(plan):
@@ -320,10 +317,6 @@ class _Builder:
             self._keep(buf)
             for m in self.scratch:
                 self.lib.set_handle(m.h, buf.data_ptr())
-        for v in self.outputs:  # outputs an ATen op makes are its own tensors
-            pass
-        self.p.env = self.p.env
-        # one run to check every step binds
         return self.p
 
     def _users(self, v):
@@ -861,9 +854,9 @@ def _aten_op(node):
     return op, [a for a in schema.arguments if a.kwarg_only]
 
 
-def build(graph, example=None) -> Program:
+def build(graph) -> Program:
     """The traced group ``graph`` as a Program (``ValueError`` where it cannot)."""
     lib = D.lib()
     if lib is None:
         raise ValueError("oneDNN's library (the onednn-cpu-gomp package) is not available")
-    return _Builder(graph, lib).build(example)
+    return _Builder(graph, lib).build()

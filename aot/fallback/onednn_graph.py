@@ -335,13 +335,17 @@ class FusedGraph:
                 raise ValueError(f"the fused graph disagrees with the kernel calls: {why}")
             self.lifted_values, self.traced = values, traced
         except Exception as e:  # noqa: BLE001  (any failure: the plain members run)
-            while e.__context__ is not None and not isinstance(e, torch.jit.TracerWarning):
-                e = e.__context__  # a warning raised inside a C call surfaces wrapped
-            self.failed = f"{type(e).__name__}: {str(e)[:300]}"
-            log.info("%s: not run as a oneDNN graph (%s); its kernel calls run as they are",
-                     self.name, self.failed)
+            self._give_up(e, "a oneDNN graph")
         finally:
             torch._C._jit_set_llga_enabled(was)
+
+    def _give_up(self, e: BaseException, what: str) -> None:
+        """The trace is not used; ``failed`` says why."""
+        while e.__context__ is not None and not isinstance(e, torch.jit.TracerWarning):
+            e = e.__context__  # a warning raised inside a C call surfaces wrapped
+        self.failed = f"{type(e).__name__}: {str(e)[:300]}"
+        log.info("%s: not run as %s (%s); its kernel calls run as they are",
+                 self.name, what, self.failed)
 
     def _trace_primitives(self, crossing: list) -> None:
         from . import dnnl_program
@@ -361,8 +365,4 @@ class FusedGraph:
             self.program = program
             self.lifted_values, self.traced = (), lambda *xs: tuple(program(xs))
         except Exception as e:  # noqa: BLE001  (any failure: the plain members run)
-            while e.__context__ is not None and not isinstance(e, torch.jit.TracerWarning):
-                e = e.__context__
-            self.failed = f"{type(e).__name__}: {str(e)[:300]}"
-            log.info("%s: not run as oneDNN primitives (%s); its kernel calls run as they "
-                     "are", self.name, self.failed)
+            self._give_up(e, "oneDNN primitives")

@@ -629,18 +629,17 @@ def aten_candidates(imported: ImportedProgram, target: Target) -> dict:
             cands["aten-prepacked"] = _with_executor(
                 aten, ExecOptions("channels_last" if nhwc else "contiguous", prepack=True))
             kernels = sum(op in CONV_OPS or op in onednn_graph.MATRIX_PRODUCTS for op in ops)
-            if onednn_graph.available() and kernels >= GRAPH_MIN_KERNELS and not (
-                    aten.manifest.executor or {}).get("quantized_engine"):
-                # channels-last where every op allows: oneDNN's partitions then hand
-                # NHWC tensors to the ops between them, with no reorder either way
+            traced = kernels >= GRAPH_MIN_KERNELS and not (
+                aten.manifest.executor or {}).get("quantized_engine")
+            # channels-last where every op allows: oneDNN's partitions (or primitives)
+            # then hand NHWC tensors to the ops between them, with no reorder either way
+            layout = "channels_last" if nhwc else "contiguous"
+            if traced and onednn_graph.available():
                 cands["aten-onednn-graph"] = _with_executor(
-                    aten, ExecOptions("channels_last" if nhwc else "contiguous",
-                                      onednn_graph=True))
-            if dnnl_api.available() and kernels >= GRAPH_MIN_KERNELS and not (
-                    aten.manifest.executor or {}).get("quantized_engine"):
+                    aten, ExecOptions(layout, onednn_graph=True))
+            if traced and dnnl_api.available():
                 cands["aten-onednn-primitives"] = _with_executor(
-                    aten, ExecOptions("channels_last" if nhwc else "contiguous",
-                                      onednn_primitives=True))
+                    aten, ExecOptions(layout, onednn_primitives=True))
         elif nhwc:
             cands["aten-channels-last"] = _with_executor(aten, ExecOptions("channels_last"))
     except Exception as e:  # an ATen region is an optimisation: without it, per-op stands
