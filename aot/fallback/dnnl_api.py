@@ -25,7 +25,7 @@ import torch
 
 __all__ = ["available", "DnnlError", "Lib", "lib", "Memory", "Primitive", "post_ops",
            "ELTWISE", "BINARY", "ARG_SRC", "ARG_SRC_1", "ARG_DST", "ARG_WEIGHTS", "ARG_BIAS",
-           "ARG_SCRATCHPAD", "post_op_src1"]
+           "ARG_SCRATCHPAD", "ARG_SCALE", "ARG_SHIFT", "post_op_src1"]
 
 F32 = 3
 FORMAT_ANY = 1
@@ -40,11 +40,14 @@ BINARY = {"add": 0x1fff0, "mul": 0x1fff1, "max": 0x1fff2, "min": 0x1fff3, "div":
           "sub": 0x1fff5}
 POOLING = {"max": 0x1ff, "avg_include_padding": 0x2ff, "avg_exclude_padding": 0x3ff}
 REDUCTION_MEAN = 0x2fff1 + 5  # reduction_max follows resampling_linear; mean is 5th
+SOFTMAX_ACCURATE = 0x30000
+USE_SCALE, USE_SHIFT = 0x2, 0x4  # normalization flags
 QUERY_IMPL_INFO_STR = 8
 QUERY_WEIGHTS_MD = 131
 QUERY_SCRATCHPAD_MD = 136
 SCRATCHPAD_MODE_USER = 1
 ARG_SRC, ARG_SRC_1, ARG_DST, ARG_WEIGHTS, ARG_BIAS = 1, 2, 17, 33, 41
+ARG_SCALE, ARG_SHIFT = 51, 52
 ARG_SCRATCHPAD = 80
 _POST_OP_BASE = 32768
 
@@ -121,6 +124,7 @@ class Lib:
                 and alg(BINARY["sub"]) == b"binary_sub"
                 and alg(POOLING["avg_exclude_padding"]) == b"pooling_avg_exclude_padding"
                 and alg(REDUCTION_MEAN) == b"reduction_mean"
+                and alg(SOFTMAX_ACCURATE) == b"softmax_accurate"
                 and self.d.dnnl_dt2str(F32) == b"f32")
 
     # memory descriptors ----------------------------------------------------------
@@ -176,6 +180,21 @@ class Lib:
             C.byref(pd), self.engine, FORWARD_INFERENCE, alg, src.h, dst.h, _dims(strides),
             _dims(kernel), _dims(dilation), _dims(pad_l), _dims(pad_r), attr),
             "creating a pooling")
+        return pd
+
+    def softmax(self, src, dst, axis: int, attr):
+        pd = _V()
+        self.check(self.d.dnnl_softmax_forward_primitive_desc_create(
+            C.byref(pd), self.engine, FORWARD_INFERENCE, SOFTMAX_ACCURATE, src.h, dst.h,
+            C.c_int(axis), attr), "creating a softmax")
+        return pd
+
+    def layer_norm(self, src, dst, eps: float, flags: int, attr):
+        """Normalization over the last dimension (statistics computed, not kept)."""
+        pd = _V()
+        self.check(self.d.dnnl_layer_normalization_forward_primitive_desc_create(
+            C.byref(pd), self.engine, FORWARD_INFERENCE, src.h, dst.h, None, C.c_float(eps),
+            C.c_uint(flags), attr), "creating a layer normalization")
         return pd
 
     def reorder(self, src, dst, attr=None):

@@ -48,6 +48,12 @@ _ELTWISE = {  # aten op -> (oneDNN algorithm, alpha, beta)
 }
 _BINARY = {"aten::add": "add", "aten::mul": "mul", "aten::sub": "sub", "aten::div": "div"}
 _COMMUTES = ("add", "mul")
+# ops whose results are views of their operands: over buffers fixed for the program's
+# life, their results are fixed too (made once, when the program is built)
+_VIEWS = frozenset(f"aten::{k}" for k in (
+    "view", "_unsafe_view", "reshape", "permute", "transpose", "t", "unsqueeze", "squeeze",
+    "select", "slice", "split", "split_with_sizes", "unbind", "chunk", "expand", "narrow",
+    "flatten", "unflatten", "view_as", "reshape_as", "expand_as", "movedim", "alias"))
 _INF = float("inf")
 
 
@@ -83,6 +89,32 @@ class _Copy:
 
     def __init__(self, of):
         self.of = of
+
+
+class _Const:
+    """A constant tensor read by a primitive (kept by the program)."""
+
+    def __init__(self, t: torch.Tensor):
+        self.t = t
+
+
+class _Type:
+    """The traced type's queries, for values made here."""
+
+    def __init__(self, shape, strides):
+        self._shape, self._strides = list(shape), list(strides)
+
+    def sizes(self):
+        return self._shape
+
+    def strides(self):
+        return self._strides
+
+    def dim(self):
+        return len(self._shape)
+
+    def scalarType(self):  # noqa: N802  (TorchScript's spelling)
+        return "Float"
 
 
 def _dense(shape, order) -> tuple:
@@ -123,6 +155,9 @@ class Program:
         self.lock = threading.Lock()
         self.n_primitives = 0
         self.n_aten = 0
+        self.aten_ops: list[str] = []  # the kinds of the nodes run as ATen ops
+        self.n_fixed_views = 0  # view ops made once, at build time
+        self.kept_storage: set[int] = set()  # storages the program keeps from call to call
 
     def __call__(self, inputs):
         with self.lock:
@@ -140,6 +175,10 @@ class Program:
             for step in self.steps:
                 step(env)
             out = [env[s] for s in self.outputs]
+            for i, (s, t) in enumerate(zip(self.outputs, out)):
+                if s not in self.fresh and isinstance(t, torch.Tensor) \
+                        and t.untyped_storage().data_ptr() in self.kept_storage:
+                    out[i] = t.clone()  # a view of a buffer the next call overwrites
             for slot in self.fresh:
                 env[slot] = None
             for slot, _, _ in self.inputs:
@@ -163,7 +202,8 @@ class _Builder:
         self.pinned: set[int] = set()  # slots whose buffer an ATen op's result may view
         self.dies: dict[int, list] = {}  # plan item -> values it reads last
         self.layout: dict = {}  # a primitive's result -> the strides of its buffer
-        self.nhwc_copies: dict = {}  # a value -> its NHWC copy (a _Copy)
+        self.copies: dict = {}  # (a value, strides) -> its copy in that layout (a _Copy)
+        self.const_operands: dict = {}  # a constant tensor value -> its _Const
         self.tensor_types: dict = {}  # types of values made here (the copies)
         self.scratch: list = []  # the primitives' scratchpad memory objects
         self.scratch_bytes = 0
@@ -185,6 +225,8 @@ class _Builder:
     def value(self, v):
         """(True, constant) or (False, slot)."""
         v = self.alias.get(v, v)
+        if isinstance(v, (_Copy, _Const)):
+            return False, self.slot.get(v)
         if v in self.consts:
             return True, self.consts[v]
         ok, c = _const(v)
@@ -220,16 +262,23 @@ class _Builder:
         else:
             flat = torch.empty(need)
         buf = flat.as_strided(shape, strides)
+        self.p.kept_storage.add(flat.untyped_storage().data_ptr())
         self.flat[s] = flat
         self.p.env[s] = buf
         return s, buf
 
     def release(self, index: int) -> None:
-        """The buffers of values last read by plan item ``index`` become free."""
+        """The buffers of values last read by plan item ``index`` (and of their copies
+        in other layouts) become free."""
         for v in self.dies.pop(index, ()):
-            s = self.slot.get(v)
-            if s is not None and s in self.flat and s not in self.pinned:
-                self.free.append(self.flat.pop(s))
+            for key in [k for k in self.copies if k[0] is v]:
+                self._free(self.copies.pop(key))
+            self._free(v)
+
+    def _free(self, v) -> None:
+        s = self.slot.get(v)
+        if s is not None and s in self.flat and s not in self.pinned:
+            self.free.append(self.flat.pop(s))
 
     def memory(self, md, slot: int, args: list, arg: int, handles: list):
         t = self.p.env[slot]
@@ -251,18 +300,60 @@ class _Builder:
         t = self.tensor_type(v)
         return _canonical(t.sizes(), t.strides())
 
-    def md_of_value(self, v):
-        return self.lib.md(self.tensor_type(v).sizes(), self.strides_of(v))
+    def md_of_value(self, v, rank: int | None = None):
+        """``v``'s memory descriptor, with leading dimensions of size 1 up to ``rank``
+        (as broadcasting aligns shapes)."""
+        shape, strides = list(self.tensor_type(v).sizes()), list(self.strides_of(v))
+        extra = (rank or len(shape)) - len(shape)
+        numel = 1
+        for d in shape:
+            numel *= d
+        return self.lib.md([1] * extra + shape, [max(1, numel)] * extra + strides)
+
+    def constant(self, t: torch.Tensor) -> _Const:
+        """A slot holding the constant tensor ``t`` (a dense copy, kept)."""
+        t = t.detach().contiguous() if t.dim() else t.detach().reshape(1)
+        c = _Const(t)
+        self.tensor_types[c] = _Type(t.shape, t.stride())
+        s = self.new_slot(c)
+        self.p.env[s] = t
+        self._keep(t)
+        return c
+
+    def operand(self, v):
+        """``v`` as a primitive's operand: itself where it is made per call, a kept
+        constant (``_Const``) where it is a float32 tensor constant."""
+        if isinstance(v, (_Copy, _Const)) or self._tensor_operand(v):
+            return v
+        if v not in self.const_operands:
+            ok, c = self.value(v)
+            if not ok or not isinstance(c, torch.Tensor) or c.dtype != torch.float32:
+                raise ValueError(f"{v.debugName()} is not a float32 tensor")
+            self.const_operands[v] = self.constant(c)
+        return self.const_operands[v]
 
     def nhwc(self, v):
-        """``v`` (4-D) in NHWC: itself, or a copy a reorder step makes once per call."""
+        """``v`` (4-D) in NHWC: itself, or a copy (a reorder step, once per call)."""
+        return self.relayout(v, _dense(tuple(self.tensor_type(v).sizes()), (0, 2, 3, 1)))
+
+    def traced_layout(self, v):
+        """``v`` laid out as traced (as an ATen op reading it expects)."""
+        t = self.tensor_type(v)
+        if t is None or isinstance(v, (_Copy, _Const)):
+            return v
+        return self.relayout(v, _canonical(t.sizes(), t.strides()))
+
+    def relayout(self, v, want: tuple):
+        """``v`` laid out as ``want``: itself, or a copy a reorder step makes once per
+        call (a constant's copy is made here)."""
         shape = tuple(self.tensor_type(v).sizes())
-        want = _dense(shape, (0, 2, 3, 1))
         if self.strides_of(v) == want:
             return v
-        key = self.alias.get(v, v)
-        if key in self.nhwc_copies:
-            return self.nhwc_copies[key]
+        if isinstance(v, _Const):
+            return self.constant(torch.empty_strided(shape, want).copy_(v.t))
+        key = (self.alias.get(v, v), want)
+        if key in self.copies:
+            return self.copies[key]
         copy = _Copy(v)
         self.tensor_types[copy] = self.tensor_type(v)
         src_md = self.md_of_value(v)
@@ -273,10 +364,10 @@ class _Builder:
         attr = D.post_ops(self.lib, [])
         pd = self.lib.reorder(src_md, self.lib.md(shape, want), attr)
         self._scratch(pd, args)
-        prim = D.Primitive(self.lib, pd, attr, args, f"a reorder of {shape} to NHWC")
+        prim = D.Primitive(self.lib, pd, attr, args, f"a reorder of {shape}")
         self.p.steps.append(_primitive_step(self.lib, prim, handles))
         self.p.n_primitives += 1
-        self.nhwc_copies[key] = copy
+        self.copies[key] = copy
         return copy
 
     # lowering -----------------------------------------------------------------
@@ -427,9 +518,114 @@ class _Builder:
             return self._mean_anchor(n)
         if k in ("aten::max_pool2d", "aten::avg_pool2d"):
             return self._pool_anchor(n)
-        if k == "aten::contiguous" and self._tensor_operand(n.ins[0]):
+        if k in ("aten::contiguous", "aten::clone") and self._tensor_operand(n.ins[0]):
             return {"kind": "reorder", "fuses": False, "reads": [n.ins[0]]}
+        if k in ("aten::matmul", "aten::bmm", "aten::mm"):
+            return self._matmul_anchor(n)
+        if k in ("aten::softmax", "aten::_softmax"):
+            return self._softmax_anchor(n)
+        if k == "aten::layer_norm":
+            return self._layer_norm_anchor(n)
+        if k == "aten::scaled_dot_product_attention":
+            return self._attention_anchor(n)
         return None
+
+    def _attention_anchor(self, n: _Node):
+        """``scaled_dot_product_attention`` without dropout, heads matching, the mask
+        (a float or boolean constant, a float tensor, or causal) broadcast to the
+        scores."""
+        q, k, v, mask = n.ins[:4]
+        if not all(self._tensor_operand(x) for x in (q, k, v)):
+            return None
+        vals = [self.value(x) for x in n.ins[4:]]
+        if not all(ok for ok, _ in vals) or len(vals) < 2:
+            return None
+        dropout, causal = vals[0][1], vals[1][1]
+        scale = vals[2][1] if len(vals) > 2 else None
+        if dropout != 0 or (len(vals) > 3 and vals[3][1]):
+            return None
+        tq, tk, tv = (tuple(self.tensor_type(x).sizes()) for x in (q, k, v))
+        r = len(tq)
+        if not (len(tk) == len(tv) == r and 3 <= r <= 5 and tq[:-2] == tk[:-2] == tv[:-2]
+                and tk[-2] == tv[-2] and tq[-1] == tk[-1]):
+            return None
+        sshape = tq[:-1] + tk[-2:-1]
+        ok, m = self.value(mask)
+        reads = [q, k, v]
+        if ok and m is None:
+            spec = None
+        elif ok and isinstance(m, torch.Tensor) and m.dtype in (torch.bool, torch.float32):
+            spec = m if m.dtype == torch.float32 else \
+                torch.zeros(m.shape).masked_fill(~m, -_INF)
+        elif self._tensor_operand(mask):
+            spec = mask
+            reads.append(mask)
+        else:
+            return None
+        if causal:
+            if spec is not None:
+                return None
+            spec = torch.zeros(sshape[-2:]).masked_fill(
+                ~torch.ones(sshape[-2:], dtype=torch.bool).tril(), -_INF)
+        if spec is not None:
+            ms = tuple(spec.shape) if isinstance(spec, torch.Tensor) \
+                else tuple(self.tensor_type(spec).sizes())
+            if len(ms) > r or any(y not in (1, o) for y, o in zip(reversed(ms),
+                                                                  reversed(sshape))):
+                return None
+        if scale is None:
+            scale = tq[-1] ** -0.5
+        return {"kind": "attention", "q": q, "k": k, "v": v, "mask": spec,
+                "scale": float(scale), "fuses": False, "reads": reads}
+
+    def _const_tensor(self, v) -> torch.Tensor | None:
+        ok, c = self.value(v)
+        return c if ok and isinstance(c, torch.Tensor) and c.dtype == torch.float32 else None
+
+    def _matmul_anchor(self, n: _Node):
+        """A matrix product of a tensor made per call with another (or a constant),
+        batch dimensions broadcast."""
+        a, b = n.ins[:2]
+        if not self._tensor_operand(a):
+            return None
+        if self._tensor_operand(b):
+            tb = tuple(self.tensor_type(b).sizes())
+        elif (c := self._const_tensor(b)) is not None:
+            tb = tuple(c.shape)
+        else:
+            return None
+        ta, out = tuple(self.tensor_type(a).sizes()), tuple(self.tensor_type(n.outs[0]).sizes())
+        if len(ta) != len(out) or not 2 <= len(tb) <= len(ta) <= 5 \
+                or ta[:-2] != out[:-2] or ta[-1] != tb[-2] \
+                or any(y not in (1, o) for y, o in zip(reversed(tb[:-2]), reversed(out[:-2]))):
+            return None
+        return {"kind": "matmul", "a": a, "b": b, "fuses": True, "reads": [a, b]}
+
+    def _softmax_anchor(self, n: _Node):
+        x = n.ins[0]
+        (ok1, dim), (ok2, extra) = self.value(n.ins[1]), self.value(n.ins[2])
+        if not (ok1 and ok2) or not isinstance(dim, int) or extra not in (None, False) \
+                or not self._tensor_operand(x):
+            return None
+        return {"kind": "softmax", "axis": dim % self.tensor_type(x).dim(), "fuses": False,
+                "reads": [x]}
+
+    def _layer_norm_anchor(self, n: _Node):
+        """A layer normalization over the last dimension, its scale and shift constant."""
+        x, shape, w, b, eps = n.ins[:5]
+        (ok1, shape), (ok2, eps) = self.value(shape), self.value(eps)
+        if not (ok1 and ok2) or not self._tensor_operand(x) \
+                or list(shape) != list(self.tensor_type(x).sizes())[-1:]:
+            return None
+        params = []
+        for v in (w, b):
+            ok, c = self.value(v)
+            if not ok or not (c is None or (isinstance(c, torch.Tensor)
+                                            and c.dtype == torch.float32 and c.dim() == 1)):
+                return None
+            params.append(c)
+        return {"kind": "layer_norm", "w": params[0], "b": params[1], "eps": float(eps),
+                "fuses": False, "reads": [x]}
 
     def _tensor_operand(self, v) -> bool:
         """A float32 tensor made per call (not a constant) with a traced layout."""
@@ -511,24 +707,31 @@ class _Builder:
         return D.ELTWISE["linear"], 1.0 / c, 0.0
 
     def _binary_operands(self, n: _Node, full=None):
-        """(algorithm, full operand, broadcast operand) for a tensor-tensor binary op
-        whose result has the full operand's shape (``full`` if given and it can be),
-        the other's dimensions each equal or 1; or None."""
+        """(algorithm, full operand, broadcast operand) for a binary op on tensors whose
+        result has the full operand's shape (``full`` if given and it can be), the
+        other's dimensions (aligned from the last) each equal or 1; or None. The full
+        operand is made per call; the other may be a constant (a ``_Const``)."""
         if len(n.ins) > 2:
             ok, alpha = self.value(n.ins[2])
             if not ok or alpha != 1:
                 return None
         a, b = n.ins[:2]
-        if not (self._tensor_operand(a) and self._tensor_operand(b)):
-            return None
         alg = _BINARY[n.kind]
-        if b is full and alg in _COMMUTES:
-            a, b = b, a
         out = tuple(self.tensor_type(n.outs[0]).sizes())
-        ta, tb = tuple(self.tensor_type(a).sizes()), tuple(self.tensor_type(b).sizes())
-        if ta != out and alg in _COMMUTES and full is None:
-            a, b, ta, tb = b, a, tb, ta
-        if ta != out or len(tb) != len(out) or any(y not in (1, o) for y, o in zip(tb, out)):
+        if alg in _COMMUTES and (b is full or (full is None and not (
+                self._tensor_operand(a) and tuple(self.tensor_type(a).sizes()) == out))):
+            a, b = b, a
+        if not self._tensor_operand(a) or tuple(self.tensor_type(a).sizes()) != out:
+            return None
+        if self._tensor_operand(b):
+            tb = tuple(self.tensor_type(b).sizes())
+        else:
+            ok, c = self.value(b)
+            if not ok or not isinstance(c, torch.Tensor) or c.dtype != torch.float32:
+                return None
+            tb = tuple(c.shape)
+        if len(tb) > len(out) or any(y not in (1, o) for y, o in zip(reversed(tb),
+                                                                     reversed(out))):
             return None
         return alg, a, b
 
@@ -605,24 +808,18 @@ class _Builder:
     # emitting -------------------------------------------------------------------
     def _emit_primitive(self, item) -> None:
         _, n, a, posts, out, _, _ = item
+        if a["kind"] == "attention":
+            self._emit_attention(a, out)
+            return
         lib = self.lib
         specs, binaries = [], []
-        for p in posts:
-            if p[0] == "eltwise":
-                specs.append(p)
-            else:
-                other = p[2]
-                if a["kind"] == "conv" and tuple(self.tensor_type(other).sizes()) == tuple(
-                        self.tensor_type(out).sizes()):
-                    other = self.nhwc(other)  # as the convolution's result is laid out
-                specs.append(("binary", p[1], self.md_of_value(other)))
-                binaries.append((len(specs) - 1, other))
-        kind = a["kind"]
         shape = tuple(self.tensor_type(out).sizes())
+        rank = len(shape)
+        kind = a["kind"]
         if kind == "conv":  # convolutions run NHWC (a reorder first where needed)
             x = self.nhwc(n.ins[0])
             strides = _dense(shape, (0, 2, 3, 1))
-        elif kind == "linear":
+        elif kind in ("linear", "matmul", "softmax", "layer_norm"):
             strides = _dense(shape, range(len(shape)))
         elif kind == "reorder":  # the layout the copy was for
             t = self.tensor_type(out)
@@ -633,6 +830,15 @@ class _Builder:
                 tuple(self.tensor_type(a["a"] if kind == "binary" else a["reads"][0]).sizes()),
                 (0, 2, 3, 1))
             strides = _dense(shape, (0, 2, 3, 1) if nhwc_src else range(len(shape)))
+        for p in posts:
+            if p[0] == "eltwise":
+                specs.append(p)
+            else:  # a full-shaped operand laid out as the result is
+                other = self.operand(p[2])
+                if tuple(self.tensor_type(other).sizes()) == shape:
+                    other = self.relayout(other, strides)
+                specs.append(("binary", p[1], self.md_of_value(other, rank)))
+                binaries.append((len(specs) - 1, other))
         attr = D.post_ops(lib, specs)
         slot, _ = self.buffer(out, strides)
         args, handles = [], []
@@ -677,10 +883,13 @@ class _Builder:
             self.memory(src_md, self._slot(x), args, D.ARG_SRC, handles)
             what = f"{n.kind} on {tuple(self.tensor_type(x).sizes())}"
         elif kind == "binary":
-            s0, s1 = self.md_of_value(a["a"]), self.md_of_value(a["b"])
+            b = self.operand(a["b"])
+            if tuple(self.tensor_type(b).sizes()) == shape:
+                b = self.relayout(b, strides)
+            s0, s1 = self.md_of_value(a["a"]), self.md_of_value(b, rank)
             pd = lib.binary(a["alg"], s0, s1, dst_md, attr)
             self.memory(s0, self._slot(a["a"]), args, D.ARG_SRC, handles)
-            self.memory(s1, self._slot(a["b"]), args, D.ARG_SRC_1, handles)
+            self.memory(s1, self._slot(b), args, D.ARG_SRC_1, handles)
             what = f"{n.kind} to {tuple(self.tensor_type(out).sizes())}"
         elif kind == "mean":  # an average pooling over the whole image
             x = a["reads"][0]
@@ -690,6 +899,32 @@ class _Builder:
                              [0, 0], [0, 0], [0, 0], attr)
             self.memory(src_md, self._slot(x), args, D.ARG_SRC, handles)
             what = f"a mean over {tuple(self.tensor_type(x).sizes())}"
+        elif kind == "matmul":
+            x, w = a["a"], self.operand(a["b"])
+            src_md, w_md = self.md_of_value(x), self.md_of_value(w, rank)
+            pd = lib.matmul(src_md, w_md, None, dst_md, attr)
+            self.memory(src_md, self._slot(x), args, D.ARG_SRC, handles)
+            self.memory(w_md, self._slot(w), args, D.ARG_WEIGHTS, handles)
+            what = f"a matrix product {tuple(self.tensor_type(x).sizes())} x " \
+                   f"{tuple(self.tensor_type(w).sizes())}"
+        elif kind == "softmax":
+            x = a["reads"][0]
+            src_md = self.md_of_value(x)
+            pd = lib.softmax(src_md, dst_md, a["axis"], attr)
+            self.memory(src_md, self._slot(x), args, D.ARG_SRC, handles)
+            what = f"a softmax over {tuple(self.tensor_type(x).sizes())}"
+        elif kind == "layer_norm":  # read row-major: the normalized dimension innermost
+            x = self.relayout(a["reads"][0], strides)
+            src_md = self.md_of_value(x)
+            flags = (D.USE_SCALE if a["w"] is not None else 0) | (
+                D.USE_SHIFT if a["b"] is not None else 0)
+            pd = lib.layer_norm(src_md, dst_md, a["eps"], flags, attr)
+            self.memory(src_md, self._slot(x), args, D.ARG_SRC, handles)
+            for arg, c in ((D.ARG_SCALE, a["w"]), (D.ARG_SHIFT, a["b"])):
+                if c is not None:
+                    k = self.constant(c)
+                    self.memory(self.md_of_value(k), self._slot(k), args, arg, handles)
+            what = f"a layer normalization over {tuple(self.tensor_type(x).sizes())}"
         elif kind == "reorder":
             x = a["reads"][0]
             src_md = self.md_of_value(x)
@@ -713,13 +948,69 @@ class _Builder:
             self.p.fresh.pop(slot, None)
             raise _Reference(what)
         for index, other in binaries:
-            md = self.md_of_value(other)
+            md = self.md_of_value(other, rank)
             self.memory(md, self._slot(other), args, D.post_op_src1(index), handles)
         self.memory(dst_md, slot, args, D.ARG_DST, handles)
+        self._step(pd, attr, args, handles, what)
+
+    def _step(self, pd, attr, args: list, handles: list, what: str) -> None:
         self._scratch(pd, args)
-        prim = D.Primitive(lib, pd, attr, args, what)
-        self.p.steps.append(_primitive_step(lib, prim, handles))
+        prim = D.Primitive(self.lib, pd, attr, args, what)
+        self.p.steps.append(_primitive_step(self.lib, prim, handles))
         self.p.n_primitives += 1
+
+    def _emit_attention(self, a, out) -> None:
+        """Attention as three primitives: ``q k^T`` (the scale and the mask as post-ops)
+        into a scores buffer, a softmax there in place, and the product with ``v``."""
+        lib = self.lib
+        q, k, v = a["q"], a["k"], a["v"]
+        tq, tk = tuple(self.tensor_type(q).sizes()), tuple(self.tensor_type(k).sizes())
+        r = len(tq)
+        sshape = tq[:-1] + tk[-2:-1]
+        sstrides = _dense(sshape, range(r))
+        specs, mask = [("eltwise", D.ELTWISE["linear"], a["scale"], 0.0)], None
+        if a["mask"] is not None:
+            mask = self.operand(a["mask"]) if not isinstance(a["mask"], torch.Tensor) \
+                else self.constant(a["mask"])
+            specs.append(("binary", D.BINARY["add"], self.md_of_value(mask, r)))
+        kst = self.strides_of(k)  # k^T: the last two dimensions' strides swapped
+        kt_md = lib.md(tk[:-2] + (tk[-1], tk[-2]), kst[:-2] + (kst[-1], kst[-2]))
+        s_md = lib.md(sshape, sstrides)
+        shape = tuple(self.tensor_type(out).sizes())
+        strides = _dense(shape, range(r))
+        o_md = lib.md(shape, strides)
+        q_md, v_md = self.md_of_value(q), self.md_of_value(v)
+        made = [(lib.matmul(q_md, kt_md, None, s_md, attr := D.post_ops(lib, specs)), attr)]
+        made.append((lib.softmax(s_md, s_md, r - 1, attr := D.post_ops(lib, [])), attr))
+        made.append((lib.matmul(s_md, v_md, None, o_md, attr := D.post_ops(lib, [])), attr))
+        if any(lib.implementation(pd).startswith("ref") for pd, _ in made):
+            for pd, attr in made:
+                lib.d.dnnl_primitive_desc_destroy(pd)
+                lib.d.dnnl_primitive_attr_destroy(attr)
+            raise _Reference(f"attention over {tq}")
+        scores = _Copy(None)  # a value made here, dead once the call's product is made
+        self.tensor_types[scores] = _Type(sshape, sstrides)
+        s_slot, _ = self.buffer(scores, sstrides)
+        o_slot, _ = self.buffer(out, strides)
+        what = f"attention over {tq}"
+        args, handles = [], []
+        self.memory(q_md, self._slot(q), args, D.ARG_SRC, handles)
+        self.memory(kt_md, self._slot(k), args, D.ARG_WEIGHTS, handles)
+        if mask is not None:
+            self.memory(self.md_of_value(mask, r), self._slot(mask), args, D.post_op_src1(1),
+                        handles)
+        self.memory(s_md, s_slot, args, D.ARG_DST, handles)
+        self._step(*made[0], args, handles, f"the scores of {what}")
+        args, handles = [], []
+        self.memory(s_md, s_slot, args, D.ARG_SRC, handles)
+        self.memory(s_md, s_slot, args, D.ARG_DST, handles)
+        self._step(*made[1], args, handles, f"the softmax of {what}")
+        args, handles = [], []
+        self.memory(s_md, s_slot, args, D.ARG_SRC, handles)
+        self.memory(v_md, self._slot(v), args, D.ARG_WEIGHTS, handles)
+        self.memory(o_md, o_slot, args, D.ARG_DST, handles)
+        self._step(*made[2], args, handles, f"the weighted sum of {what}")
+        self._free(scores)
 
     def _scratch(self, pd, args: list) -> None:
         """The primitive's scratch memory: the program's one buffer, bound once every
@@ -739,6 +1030,7 @@ class _Builder:
             args.append((D.ARG_BIAS, D.Memory(self.lib, b_md, b.data_ptr())))
 
     def _keep(self, t: torch.Tensor) -> None:
+        self.p.kept_storage.add(t.untyped_storage().data_ptr())
         self.p.__dict__.setdefault("kept", []).append(t)
 
     def _packed_weights(self, pd, w: torch.Tensor, shape=None, strides=None):
@@ -758,12 +1050,13 @@ class _Builder:
     def _emit_aten(self, n: _Node) -> None:
         if n.kind == "prim::TupleConstruct":
             return
+        ins = [self.traced_layout(v) if self._tensor_operand(v) else v for v in n.ins]
         if n.kind == "prim::ListConstruct":
-            for v in n.ins:  # the list is read later: its tensors keep their buffers
+            for v in ins:  # the list is read later: its tensors keep their buffers
                 s = self.slot.get(self.alias.get(v, v))
                 if s is not None:
                     self.pinned.add(s)
-            parts = [self.value(v) for v in n.ins]
+            parts = [self.value(v) for v in ins]
             s = self.new_slot(n.outs[0])
             self.dynamic.add(s)
 
@@ -774,6 +1067,10 @@ class _Builder:
         if n.kind == "prim::ListUnpack":
             ok, src = self.value(n.ins[0])
             outs = [self.new_slot(v) for v in n.outs]
+            if src not in self.dynamic:  # a list of fixed views
+                for s, t in zip(outs, self.p.env[src]):
+                    self.p.env[s] = t
+                return
             self.dynamic.update(outs)
 
             def unpack(env, src=src, outs=outs):
@@ -781,21 +1078,23 @@ class _Builder:
                     env[s] = t
             self.p.steps.append(unpack)
             return
-        for v in n.ins:  # its result may be a view of what it reads
+        for v in ins:  # its result may be a view of what it reads
             s = self.slot.get(self.alias.get(v, v))
             if s is not None:
                 self.pinned.add(s)
         fn, kw = _aten_op(n.node)
-        parts = [self.value(v) for v in n.ins]
+        parts = [self.value(v) for v in ins]
         names = [a.name for a in kw] if kw else []
         npos = len(parts) - len(names)
         outs = [self.new_slot(v) for v in n.outs]
-        self.dynamic.update(outs)
         one = len(outs) == 1
-
         # the layouts the primitives reading these results were made for
         want = [(tuple(t.sizes()), _canonical(t.sizes(), t.strides()))
                 if (t := self.tensor_type(v)) is not None else None for v in n.outs]
+        if n.kind in _VIEWS and self._fixed_view(fn, parts, names, outs, want):
+            self.p.n_fixed_views += 1
+            return
+        self.dynamic.update(outs)
 
         def call(env, fn=fn, parts=parts, outs=outs, one=one, npos=npos, names=names,
                  want=want):
@@ -808,6 +1107,30 @@ class _Builder:
                 env[s] = t
         self.p.steps.append(call)
         self.p.n_aten += 1
+        self.p.aten_ops.append(n.kind)
+
+
+    def _fixed_view(self, fn, parts, names, outs, want) -> bool:
+        """Made here where a view op reads only buffers fixed for the program's life and
+        its results are views of them laid out as traced: nothing runs per call."""
+        if any(not ok and x in self.dynamic for ok, x in parts):
+            return False
+        vals = [x if ok else self.p.env[x] for ok, x in parts]
+        bases = {v.untyped_storage().data_ptr() for v in vals if isinstance(v, torch.Tensor)}
+        npos = len(vals) - len(names)
+        r = fn(*vals[:npos], **dict(zip(names, vals[npos:])))
+        results = (r,) if len(outs) == 1 else tuple(r)
+        for t, w in zip(results, want):
+            ts = t if isinstance(t, (list, tuple)) else [t]
+            if not all(isinstance(x, torch.Tensor)
+                       and x.untyped_storage().data_ptr() in bases for x in ts):
+                return False
+            if w is not None and (tuple(t.shape) != w[0]
+                                  or _canonical(w[0], t.stride()) != w[1]):
+                return False
+        for s, t in zip(outs, results):
+            self.p.env[s] = list(t) if isinstance(t, tuple) else t
+        return True
 
 
 def _right_padding(tx, to, stride, kernel, dilation, pad) -> list[int]:

@@ -133,7 +133,11 @@ def test_ops_without_a_primitive_run_in_aten_between_them():
     cm = _module(m, make())
     _check(cm, m, make)
     prog = _group(cm).program
-    assert prog.n_aten >= 4 and prog.n_primitives >= 4
+    # linears (GELU and the residual fused), layer norm, both products, softmax and the
+    # add after the flip are primitives; the transpose of a kept buffer is made once;
+    # the rest runs in ATen
+    assert sorted(prog.aten_ops) == ["aten::cumsum", "aten::flip"]
+    assert prog.n_primitives >= 8 and prog.n_fixed_views == 1
 
 
 def test_program_survives_save_and_load(tmp_path):
