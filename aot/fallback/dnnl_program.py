@@ -320,6 +320,16 @@ class _Builder:
         self._keep(t)
         return c
 
+    def batched(self, v, shape: tuple):
+        """A constant post-op operand repeated along the batch (oneDNN's products take
+        no operand broadcast along their batch of more than one)."""
+        if not isinstance(v, _Const) or shape[0] == 1 or len(shape) < 3:
+            return v
+        t = v.t.reshape((1,) * (len(shape) - v.t.dim()) + tuple(v.t.shape))
+        if t.shape[0] != 1:
+            return v
+        return self.constant(t.expand((shape[0],) + tuple(t.shape[1:])))
+
     def operand(self, v):
         """``v`` as a primitive's operand: itself where it is made per call, a kept
         constant (``_Const``) where it is a float32 tensor constant."""
@@ -335,6 +345,11 @@ class _Builder:
     def nhwc(self, v):
         """``v`` (4-D) in NHWC: itself, or a copy (a reorder step, once per call)."""
         return self.relayout(v, _dense(tuple(self.tensor_type(v).sizes()), (0, 2, 3, 1)))
+
+    def dense(self, v):
+        """``v`` dense, row-major."""
+        return self.relayout(v, _dense(tuple(self.tensor_type(v).sizes()),
+                                       range(self.tensor_type(v).dim())))
 
     def traced_layout(self, v):
         """``v`` laid out as traced (as an ATen op reading it expects)."""
@@ -834,7 +849,7 @@ class _Builder:
             if p[0] == "eltwise":
                 specs.append(p)
             else:  # a full-shaped operand laid out as the result is
-                other = self.operand(p[2])
+                other = self.batched(self.operand(p[2]), shape)
                 if tuple(self.tensor_type(other).sizes()) == shape:
                     other = self.relayout(other, strides)
                 specs.append(("binary", p[1], self.md_of_value(other, rank)))
@@ -901,8 +916,14 @@ class _Builder:
             what = f"a mean over {tuple(self.tensor_type(x).sizes())}"
         elif kind == "matmul":
             x, w = a["a"], self.operand(a["b"])
-            src_md, w_md = self.md_of_value(x), self.md_of_value(w, rank)
-            pd = lib.matmul(src_md, w_md, None, dst_md, attr)
+            for again in (False, True):  # operands whose batches oneDNN cannot step
+                if again:                # through get dense copies
+                    lib.d.dnnl_primitive_desc_destroy(pd)
+                    x, w = self.dense(x), self.dense(w)
+                src_md, w_md = self.md_of_value(x), self.md_of_value(w, rank)
+                pd = lib.matmul(src_md, w_md, None, dst_md, attr)
+                if not lib.implementation(pd).startswith("ref"):
+                    break
             self.memory(src_md, self._slot(x), args, D.ARG_SRC, handles)
             self.memory(w_md, self._slot(w), args, D.ARG_WEIGHTS, handles)
             what = f"a matrix product {tuple(self.tensor_type(x).sizes())} x " \
@@ -971,19 +992,29 @@ class _Builder:
         specs, mask = [("eltwise", D.ELTWISE["linear"], a["scale"], 0.0)], None
         if a["mask"] is not None:
             mask = self.operand(a["mask"]) if not isinstance(a["mask"], torch.Tensor) \
-                else self.constant(a["mask"])
+                else self.batched(self.constant(a["mask"]), sshape)
             specs.append(("binary", D.BINARY["add"], self.md_of_value(mask, r)))
-        kst = self.strides_of(k)  # k^T: the last two dimensions' strides swapped
-        kt_md = lib.md(tk[:-2] + (tk[-1], tk[-2]), kst[:-2] + (kst[-1], kst[-2]))
         s_md = lib.md(sshape, sstrides)
         shape = tuple(self.tensor_type(out).sizes())
         strides = _dense(shape, range(r))
         o_md = lib.md(shape, strides)
-        q_md, v_md = self.md_of_value(q), self.md_of_value(v)
-        made = [(lib.matmul(q_md, kt_md, None, s_md, attr := D.post_ops(lib, specs)), attr)]
-        made.append((lib.softmax(s_md, s_md, r - 1, attr := D.post_ops(lib, [])), attr))
-        made.append((lib.matmul(s_md, v_md, None, o_md, attr := D.post_ops(lib, [])), attr))
-        if any(lib.implementation(pd).startswith("ref") for pd, _ in made):
+        for again in (False, True):  # operands whose batches oneDNN cannot step through
+            if again:                # get dense copies
+                for pd, attr in made:
+                    lib.d.dnnl_primitive_desc_destroy(pd)
+                    lib.d.dnnl_primitive_attr_destroy(attr)
+                q, k, v = self.dense(q), self.dense(k), self.dense(v)
+            kst = self.strides_of(k)  # k^T: the last two dimensions' strides swapped
+            kt_md = lib.md(tk[:-2] + (tk[-1], tk[-2]), kst[:-2] + (kst[-1], kst[-2]))
+            q_md, v_md = self.md_of_value(q), self.md_of_value(v)
+            made = [(lib.matmul(q_md, kt_md, None, s_md, attr := D.post_ops(lib, specs)),
+                     attr)]
+            made.append((lib.softmax(s_md, s_md, r - 1, attr := D.post_ops(lib, [])), attr))
+            made.append((lib.matmul(s_md, v_md, None, o_md, attr := D.post_ops(lib, [])),
+                         attr))
+            if not any(lib.implementation(pd).startswith("ref") for pd, _ in made):
+                break
+        else:
             for pd, attr in made:
                 lib.d.dnnl_primitive_desc_destroy(pd)
                 lib.d.dnnl_primitive_attr_destroy(attr)

@@ -262,3 +262,106 @@ def test_dead_values_buffers_serve_later_results():
     # input's reorder: two buffers alternate between the intermediates, plus the copy
     assert prog.n_primitives == 8
     assert len(storages) <= 3, len(storages)
+
+
+class Attention(torch.nn.Module):
+    """Attention four ways: no mask (a residual and layer norm after), causal, a learned
+    bias of lower rank (LeViT's, written out) and a boolean mask constant; then a mask
+    that arrives with the input. Linear scale-and-shift norms (MobileBERT's ``NoNorm``)
+    read constants of lower rank."""
+
+    def __init__(self, d=32, heads=4, tokens=9):
+        super().__init__()
+        self.h = heads
+        self.qkv = torch.nn.Linear(d, 3 * d)
+        self.proj = torch.nn.Linear(d, d)
+        self.norm = torch.nn.LayerNorm(d)
+        self.bias = torch.nn.Parameter(torch.randn(heads, tokens, tokens))
+        self.register_buffer("allowed", torch.rand(tokens, tokens) > 0.3)
+        self.w = torch.nn.Parameter(torch.randn(d))
+        self.b = torch.nn.Parameter(torch.randn(d))
+
+    def heads(self, x):
+        b, t, _ = x.shape
+        q, k, v = self.qkv(x).view(b, t, 3, self.h, -1).permute(2, 0, 3, 1, 4).unbind(0)
+        return q, k, v
+
+    def merge(self, o):
+        b, h, t, e = o.shape
+        return self.proj(o.transpose(1, 2).reshape(b, t, h * e))
+
+    def forward(self, x, mask):
+        sdpa = torch.nn.functional.scaled_dot_product_attention
+        q, k, v = self.heads(x)
+        x = self.norm(x + self.merge(sdpa(q, k, v)))
+        q, k, v = self.heads(x)
+        x = x + self.merge(sdpa(q, k, v, is_causal=True))
+        q, k, v = self.heads(x)
+        a = torch.softmax(q @ k.transpose(-2, -1) * 0.3 + self.bias, dim=-1)
+        x = x + self.merge(a @ v) * self.w + self.b
+        q, k, v = self.heads(x)
+        x = x + self.merge(sdpa(q, k, v, attn_mask=self.allowed, scale=0.2))
+        q, k, v = self.heads(x)
+        return self.merge(sdpa(q, k, v, attn_mask=mask))
+
+
+def test_attention_and_normalization_run_as_primitives():
+    torch.manual_seed(7)
+    m = Attention().eval()
+    make = lambda: (torch.randn(2, 9, 32), torch.randn(2, 1, 9, 9))  # noqa: E731
+    cm = _module(m, make())
+    _check(cm, m, make)
+    prog = _group(cm).program
+    # every product, softmax, attention, norm and scale-and-shift is a primitive; the
+    # head splits and merges over kept buffers are views made once
+    assert "aten::scaled_dot_product_attention" not in prog.aten_ops, prog.aten_ops
+    assert not {"aten::matmul", "aten::softmax", "aten::layer_norm", "aten::mul",
+                "aten::add"} & set(prog.aten_ops), prog.aten_ops
+    assert prog.n_fixed_views >= 10, prog.n_fixed_views
+
+
+def test_a_result_viewing_a_kept_buffer_is_copied_out():
+    torch.manual_seed(8)
+
+    class Tail(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a = torch.nn.Linear(16, 16)
+            self.b = torch.nn.Linear(16, 16)
+
+        def forward(self, x):
+            h = torch.relu(self.a(x))
+            return self.b(h), h.view(-1)  # a view of an intermediate the program keeps
+
+    m = Tail().eval()
+    cm = _module(m, (torch.randn(4, 16),))
+    x1, x2 = torch.randn(4, 16), torch.randn(4, 16)
+    with torch.no_grad():
+        first = cm(x1)
+        keep = first[1].clone()
+        cm(x2)  # must not write into the first call's results
+        torch.testing.assert_close(first[1], keep, rtol=0, atol=0)
+        torch.testing.assert_close(first[1], m(x1)[1], **TOL)
+    assert _group(cm).failed is None and _group(cm).program.n_fixed_views == 1
+
+
+def test_aten_ops_read_convolution_results_in_the_traced_layout():
+    torch.manual_seed(9)
+
+    class Unfold(torch.nn.Module):  # MobileViT's image-to-tokens step, in short
+        def __init__(self):
+            super().__init__()
+            self.conv = torch.nn.Conv2d(8, 16, 3, padding=1)
+            self.norm = torch.nn.LayerNorm(16)
+            self.fc = torch.nn.Linear(16, 16)
+
+        def forward(self, x):
+            y = self.conv(x)  # runs NHWC; this view (channels and rows merged) needs NCHW
+            t = y.view(32, 32).transpose(0, 1).reshape(4, 16, 16)
+            return self.fc(self.norm(t))
+
+    m = Unfold().eval()
+    make = lambda: (torch.randn(1, 8, 8, 8),)  # noqa: E731
+    cm = _module(m, make())
+    _check(cm, m, make)
+    assert _group(cm).failed is None
