@@ -182,6 +182,13 @@ class Lib:
             "creating a pooling")
         return pd
 
+    def reduction(self, alg, src, dst, attr):
+        pd = _V()
+        self.check(self.d.dnnl_reduction_primitive_desc_create(
+            C.byref(pd), self.engine, alg, src.h, dst.h, C.c_float(0.0), C.c_float(0.0),
+            attr), "creating a reduction")
+        return pd
+
     def softmax(self, src, dst, axis: int, attr):
         pd = _V()
         self.check(self.d.dnnl_softmax_forward_primitive_desc_create(

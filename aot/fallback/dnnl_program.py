@@ -46,6 +46,14 @@ _ELTWISE = {  # aten op -> (oneDNN algorithm, alpha, beta)
     "aten::sigmoid": ("logistic", 0.0, 0.0),
     "aten::tanh": ("tanh", 0.0, 0.0),
 }
+_UNARY = {  # more elementwise ops as oneDNN's: (algorithm, alpha, beta)
+    "aten::rsqrt": ("pow", 1.0, -0.5),
+    "aten::sqrt": ("sqrt", 0.0, 0.0),
+    "aten::exp": ("exp", 0.0, 0.0),
+    "aten::neg": ("linear", -1.0, 0.0),
+    "aten::abs": ("abs", 0.0, 0.0),
+    "aten::mish": ("mish", 0.0, 0.0),
+}
 _BINARY = {"aten::add": "add", "aten::mul": "mul", "aten::sub": "sub", "aten::div": "div"}
 _COMMUTES = ("add", "mul")
 # ops whose results are views of their operands: over buffers fixed for the program's
@@ -320,6 +328,17 @@ class _Builder:
         self._keep(t)
         return c
 
+    def constant_output(self, t: torch.Tensor) -> int:
+        """A slot that holds a fresh copy of ``t`` each call."""
+        s = self.new_slot(None)
+        self.dynamic.add(s)
+        self._keep(t)
+
+        def copy(env, s=s, t=t):
+            env[s] = t.clone()
+        self.p.steps.append(copy)
+        return s
+
     def batched(self, v, shape: tuple):
         """A constant post-op operand repeated along the batch (oneDNN's products take
         no operand broadcast along their batch of more than one)."""
@@ -405,18 +424,16 @@ class _Builder:
         for idx, item in enumerate(plan):
             kind = item[0]
             if kind == "primitive":
-                try:
-                    self._emit_primitive(item)
-                except _Reference:  # ATen beats oneDNN's reference code: the nodes run there
-                    for node in (item[1], *item[6]):
-                        self._emit_aten(node)
+                self._emit_or_split(item)
             else:
                 self._emit_aten(item[1])
             self.release(idx)
         for v in self.outputs:
             ok, x = self.value(v)
-            if ok:
-                raise ValueError("a group output that is a constant")
+            if ok:  # computed from constants only: a copy of it each call
+                if not isinstance(x, torch.Tensor):
+                    raise ValueError("a group output that is a constant, not a tensor")
+                x = self.constant_output(x)
             self.p.outputs.append(x)
         if self.scratch:  # one scratch buffer: the steps run one at a time
             buf = torch.empty(self.scratch_bytes // 4 + 16)
@@ -424,6 +441,27 @@ class _Builder:
             for m in self.scratch:
                 self.lib.set_handle(m.h, buf.data_ptr())
         return self.p
+
+    def _emit_or_split(self, item) -> None:
+        """A planned primitive; where oneDNN has only its reference kernel for it, the
+        anchor and each fused op alone (a primitive each, where one is not reference
+        code either), else in ATen."""
+        try:
+            self._emit_primitive(item)
+            return
+        except _Reference:
+            if not item[6]:
+                self._emit_aten(item[1])
+                return
+        for node in (item[1], *item[6]):
+            a = self._anchor(node)
+            if a is None:
+                self._emit_aten(node)
+                continue
+            try:
+                self._emit_primitive(("primitive", node, a, [], node.outs[0], a["reads"], []))
+            except _Reference:
+                self._emit_aten(node)
 
     def _users(self, v):
         return [u.user for u in v.uses()]
@@ -522,7 +560,8 @@ class _Builder:
             return self._conv_anchor(n)
         if k == "aten::linear":
             return self._linear_anchor(n)
-        if k in _ELTWISE or k in ("aten::gelu", "aten::hardtanh", "aten::clamp"):
+        if k in _ELTWISE or k in _UNARY or k in ("aten::gelu", "aten::hardtanh", "aten::clamp",
+                                                 "aten::pow"):
             e = self._eltwise(n)
             if e is None or not self._tensor_operand(n.ins[0]):
                 return None
@@ -680,9 +719,14 @@ class _Builder:
 
     def _eltwise(self, n: _Node):
         k = n.kind
-        if k in _ELTWISE:
-            name, a, b = _ELTWISE[k]
+        if k in _ELTWISE or k in _UNARY:
+            name, a, b = _ELTWISE.get(k) or _UNARY[k]
             return D.ELTWISE[name], a, b
+        if k == "aten::pow":
+            ok, e = self.value(n.ins[1])
+            if not ok or isinstance(e, bool) or not isinstance(e, (int, float)):
+                return None
+            return D.ELTWISE["pow"], 1.0, float(e)
         if k == "aten::gelu":
             ok, approx = self.value(n.ins[1]) if len(n.ins) > 1 else (True, "none")
             if not ok:
@@ -763,7 +807,12 @@ class _Builder:
 
     def _mean_anchor(self, n: _Node):
         x = n.ins[0]
-        if not self._tensor_operand(x) or self.tensor_type(x).dim() != 4:
+        if not self._tensor_operand(x):
+            return None
+        r = self.tensor_type(x).dim()
+        if n.kind == "aten::mean" and r != 4:
+            return self._reduce_anchor(n)
+        if r != 4:
             return None
         if n.kind == "aten::adaptive_avg_pool2d":
             ok, size = self.value(n.ins[1])
@@ -774,8 +823,24 @@ class _Builder:
             if not (ok1 and ok2) or keep is not True or dims is None \
                     or sorted(d % 4 for d in dims) != [2, 3] \
                     or (len(n.ins) > 3 and self.value(n.ins[3]) != (True, None)):
-                return None
+                return self._reduce_anchor(n)
         return {"kind": "mean", "fuses": True, "reads": [x]}
+
+    def _reduce_anchor(self, n: _Node):
+        """A mean over constant dimensions as a reduction (post-ops fused where the
+        reduced dimensions are kept)."""
+        x = n.ins[0]
+        vals = [self.value(v) for v in n.ins[1:]]
+        if len(vals) < 2 or not all(ok for ok, _ in vals) or (len(vals) > 2 and vals[2][1]
+                                                            is not None):
+            return None
+        dims, keep = vals[0][1], vals[1][1]
+        r = self.tensor_type(x).dim()
+        if not dims or not 2 <= r <= 5 or not isinstance(keep, bool):
+            return None
+        dims = {d % r for d in dims}
+        kept = [1 if d in dims else s for d, s in enumerate(self.tensor_type(x).sizes())]
+        return {"kind": "reduce", "kept": kept, "fuses": keep, "reads": [x]}
 
     def _pool_anchor(self, n: _Node):
         x = n.ins[0]
@@ -805,8 +870,8 @@ class _Builder:
         if self.tensor_type(u.outs[0]) is None or \
                 tuple(self.tensor_type(u.outs[0]).sizes()) != tuple(self.tensor_type(v).sizes()):
             return None
-        if u.ins[0] is v and (u.kind in _ELTWISE or u.kind in (
-                "aten::gelu", "aten::hardtanh", "aten::clamp")):
+        if u.ins[0] is v and (u.kind in _ELTWISE or u.kind in _UNARY or u.kind in (
+                "aten::gelu", "aten::hardtanh", "aten::clamp", "aten::pow")):
             e = self._eltwise(u)
             return (("eltwise",) + e, []) if e is not None else None
         if u.kind in _BINARY:
@@ -834,7 +899,7 @@ class _Builder:
         if kind == "conv":  # convolutions run NHWC (a reorder first where needed)
             x = self.nhwc(n.ins[0])
             strides = _dense(shape, (0, 2, 3, 1))
-        elif kind in ("linear", "matmul", "softmax", "layer_norm"):
+        elif kind in ("linear", "matmul", "softmax", "layer_norm", "reduce"):
             strides = _dense(shape, range(len(shape)))
         elif kind == "reorder":  # the layout the copy was for
             t = self.tensor_type(out)
@@ -858,110 +923,123 @@ class _Builder:
         slot, _ = self.buffer(out, strides)
         args, handles = [], []
         dst_md = lib.md(shape, strides)
-        if kind == "conv":
-            wt, bt = a["w"], a["b"]
-            g = a["groups"]
-            oc, icg, kh, kw = wt.shape
-            wshape = (g, oc // g, icg, kh, kw) if g > 1 else tuple(wt.shape)
-            src_md = self.md_of_value(x)
-            b_md = None if bt is None else lib.md(bt.shape, bt.stride())
-            pad = a["padding"]
-            tx, to = self.tensor_type(x), self.tensor_type(out)
-            pad_r = _right_padding(tx, to, a["stride"], (kh, kw), a["dilation"], pad)
-            pd = lib.convolution(src_md, lib.md_any(wshape), b_md, dst_md, a["stride"],
+        try:
+            if kind == "conv":
+                wt, bt = a["w"], a["b"]
+                g = a["groups"]
+                oc, icg, kh, kw = wt.shape
+                wshape = (g, oc // g, icg, kh, kw) if g > 1 else tuple(wt.shape)
+                src_md = self.md_of_value(x)
+                b_md = None if bt is None else lib.md(bt.shape, bt.stride())
+                pad = a["padding"]
+                tx, to = self.tensor_type(x), self.tensor_type(out)
+                pad_r = _right_padding(tx, to, a["stride"], (kh, kw), a["dilation"], pad)
+                pd = lib.convolution(src_md, lib.md_any(wshape), b_md, dst_md, a["stride"],
+                                     [d - 1 for d in a["dilation"]], pad, pad_r, attr)
+                wmem = self._packed_weights(pd, wt.reshape(wshape).contiguous())
+                self.memory(src_md, self._slot(x), args, D.ARG_SRC, handles)
+                self._weights_and_bias(args, wmem, bt, b_md)
+                what = f"a convolution {tuple(tx.sizes())} -> {tuple(to.sizes())}"
+            elif kind == "linear":
+                x = n.ins[0]
+                wt, bt = a["w"], a["b"]
+                tx = self.tensor_type(x)
+                r = tx.dim()
+                nout, k = wt.shape
+                src_md = self.md_of_value(x)
+                w_md = lib.md_any([1] * (r - 2) + [k, nout])
+                b_md = None if bt is None else lib.md([1] * (r - 1) + [nout], [nout] * (r - 1) + [1])
+                pd = lib.matmul(src_md, w_md, b_md, dst_md, attr)
+                wsrc = wt.t()  # [k, n] view of the [n, k] weight
+                wmem = self._packed_weights(pd, wsrc, shape=[1] * (r - 2) + [k, nout],
+                                            strides=[k * nout] * (r - 2) + list(wsrc.stride()))
+                self.memory(src_md, self._slot(x), args, D.ARG_SRC, handles)
+                self._weights_and_bias(args, wmem, bt, b_md)
+                what = f"a linear {tuple(tx.sizes())} x {tuple(wt.shape)}"
+            elif kind == "eltwise":
+                x = a["reads"][0]
+                alg, alpha, beta = a["spec"]
+                src_md = self.md_of_value(x)
+                pd = lib.eltwise(alg, alpha, beta, src_md, dst_md, attr)
+                self.memory(src_md, self._slot(x), args, D.ARG_SRC, handles)
+                what = f"{n.kind} on {tuple(self.tensor_type(x).sizes())}"
+            elif kind == "binary":
+                b = self.operand(a["b"])
+                if tuple(self.tensor_type(b).sizes()) == shape:
+                    b = self.relayout(b, strides)
+                s0, s1 = self.md_of_value(a["a"]), self.md_of_value(b, rank)
+                pd = lib.binary(a["alg"], s0, s1, dst_md, attr)
+                self.memory(s0, self._slot(a["a"]), args, D.ARG_SRC, handles)
+                self.memory(s1, self._slot(b), args, D.ARG_SRC_1, handles)
+                what = f"{n.kind} to {tuple(self.tensor_type(out).sizes())}"
+            elif kind == "mean":  # an average pooling over the whole image
+                x = a["reads"][0]
+                src_md = self.md_of_value(x)
+                hw = list(self.tensor_type(x).sizes())[2:]
+                pd = lib.pooling(D.POOLING["avg_exclude_padding"], src_md, dst_md, [1, 1], hw,
+                                 [0, 0], [0, 0], [0, 0], attr)
+                self.memory(src_md, self._slot(x), args, D.ARG_SRC, handles)
+                what = f"a mean over {tuple(self.tensor_type(x).sizes())}"
+            elif kind == "matmul":
+                x, w = a["a"], self.operand(a["b"])
+                for again in (False, True):  # operands whose batches oneDNN cannot step
+                    if again:                # through get dense copies
+                        lib.d.dnnl_primitive_desc_destroy(pd)
+                        x, w = self.dense(x), self.dense(w)
+                    src_md, w_md = self.md_of_value(x), self.md_of_value(w, rank)
+                    pd = lib.matmul(src_md, w_md, None, dst_md, attr)
+                    if not lib.implementation(pd).startswith("ref"):
+                        break
+                self.memory(src_md, self._slot(x), args, D.ARG_SRC, handles)
+                self.memory(w_md, self._slot(w), args, D.ARG_WEIGHTS, handles)
+                what = f"a matrix product {tuple(self.tensor_type(x).sizes())} x " \
+                       f"{tuple(self.tensor_type(w).sizes())}"
+            elif kind == "reduce":  # the result's memory, described with the dimensions kept
+                x = a["reads"][0]
+                src_md = self.md_of_value(x)
+                kept = a["kept"]
+                dst_md = lib.md(kept, _dense(kept, range(len(kept))))
+                pd = lib.reduction(D.REDUCTION_MEAN, src_md, dst_md, attr)
+                self.memory(src_md, self._slot(x), args, D.ARG_SRC, handles)
+                what = f"a mean over {tuple(self.tensor_type(x).sizes())}"
+            elif kind == "softmax":
+                x = a["reads"][0]
+                src_md = self.md_of_value(x)
+                pd = lib.softmax(src_md, dst_md, a["axis"], attr)
+                self.memory(src_md, self._slot(x), args, D.ARG_SRC, handles)
+                what = f"a softmax over {tuple(self.tensor_type(x).sizes())}"
+            elif kind == "layer_norm":  # read row-major: the normalized dimension innermost
+                x = self.relayout(a["reads"][0], strides)
+                src_md = self.md_of_value(x)
+                flags = (D.USE_SCALE if a["w"] is not None else 0) | (
+                    D.USE_SHIFT if a["b"] is not None else 0)
+                pd = lib.layer_norm(src_md, dst_md, a["eps"], flags, attr)
+                self.memory(src_md, self._slot(x), args, D.ARG_SRC, handles)
+                for arg, c in ((D.ARG_SCALE, a["w"]), (D.ARG_SHIFT, a["b"])):
+                    if c is not None:
+                        k = self.constant(c)
+                        self.memory(self.md_of_value(k), self._slot(k), args, arg, handles)
+                what = f"a layer normalization over {tuple(self.tensor_type(x).sizes())}"
+            elif kind == "reorder":
+                x = a["reads"][0]
+                src_md = self.md_of_value(x)
+                pd = lib.reorder(src_md, dst_md, attr)
+                self.memory(src_md, self._slot(x), args, D.ARG_SRC, handles)
+                what = f"a layout copy of {tuple(self.tensor_type(x).sizes())}"
+            else:  # pool
+                x = a["reads"][0]
+                tx, to = self.tensor_type(x), self.tensor_type(out)
+                src_md = self.md_of_value(x)
+                pad = a["padding"]
+                pad_r = _right_padding(tx, to, a["stride"], a["kernel"], a["dilation"], pad)
+                pd = lib.pooling(a["alg"], src_md, dst_md, a["stride"], a["kernel"],
                                  [d - 1 for d in a["dilation"]], pad, pad_r, attr)
-            wmem = self._packed_weights(pd, wt.reshape(wshape).contiguous())
-            self.memory(src_md, self._slot(x), args, D.ARG_SRC, handles)
-            self._weights_and_bias(args, wmem, bt, b_md)
-            what = f"a convolution {tuple(tx.sizes())} -> {tuple(to.sizes())}"
-        elif kind == "linear":
-            x = n.ins[0]
-            wt, bt = a["w"], a["b"]
-            tx = self.tensor_type(x)
-            r = tx.dim()
-            nout, k = wt.shape
-            src_md = self.md_of_value(x)
-            w_md = lib.md_any([1] * (r - 2) + [k, nout])
-            b_md = None if bt is None else lib.md([1] * (r - 1) + [nout], [nout] * (r - 1) + [1])
-            pd = lib.matmul(src_md, w_md, b_md, dst_md, attr)
-            wsrc = wt.t()  # [k, n] view of the [n, k] weight
-            wmem = self._packed_weights(pd, wsrc, shape=[1] * (r - 2) + [k, nout],
-                                        strides=[k * nout] * (r - 2) + list(wsrc.stride()))
-            self.memory(src_md, self._slot(x), args, D.ARG_SRC, handles)
-            self._weights_and_bias(args, wmem, bt, b_md)
-            what = f"a linear {tuple(tx.sizes())} x {tuple(wt.shape)}"
-        elif kind == "eltwise":
-            x = a["reads"][0]
-            alg, alpha, beta = a["spec"]
-            src_md = self.md_of_value(x)
-            pd = lib.eltwise(alg, alpha, beta, src_md, dst_md, attr)
-            self.memory(src_md, self._slot(x), args, D.ARG_SRC, handles)
-            what = f"{n.kind} on {tuple(self.tensor_type(x).sizes())}"
-        elif kind == "binary":
-            b = self.operand(a["b"])
-            if tuple(self.tensor_type(b).sizes()) == shape:
-                b = self.relayout(b, strides)
-            s0, s1 = self.md_of_value(a["a"]), self.md_of_value(b, rank)
-            pd = lib.binary(a["alg"], s0, s1, dst_md, attr)
-            self.memory(s0, self._slot(a["a"]), args, D.ARG_SRC, handles)
-            self.memory(s1, self._slot(b), args, D.ARG_SRC_1, handles)
-            what = f"{n.kind} to {tuple(self.tensor_type(out).sizes())}"
-        elif kind == "mean":  # an average pooling over the whole image
-            x = a["reads"][0]
-            src_md = self.md_of_value(x)
-            hw = list(self.tensor_type(x).sizes())[2:]
-            pd = lib.pooling(D.POOLING["avg_exclude_padding"], src_md, dst_md, [1, 1], hw,
-                             [0, 0], [0, 0], [0, 0], attr)
-            self.memory(src_md, self._slot(x), args, D.ARG_SRC, handles)
-            what = f"a mean over {tuple(self.tensor_type(x).sizes())}"
-        elif kind == "matmul":
-            x, w = a["a"], self.operand(a["b"])
-            for again in (False, True):  # operands whose batches oneDNN cannot step
-                if again:                # through get dense copies
-                    lib.d.dnnl_primitive_desc_destroy(pd)
-                    x, w = self.dense(x), self.dense(w)
-                src_md, w_md = self.md_of_value(x), self.md_of_value(w, rank)
-                pd = lib.matmul(src_md, w_md, None, dst_md, attr)
-                if not lib.implementation(pd).startswith("ref"):
-                    break
-            self.memory(src_md, self._slot(x), args, D.ARG_SRC, handles)
-            self.memory(w_md, self._slot(w), args, D.ARG_WEIGHTS, handles)
-            what = f"a matrix product {tuple(self.tensor_type(x).sizes())} x " \
-                   f"{tuple(self.tensor_type(w).sizes())}"
-        elif kind == "softmax":
-            x = a["reads"][0]
-            src_md = self.md_of_value(x)
-            pd = lib.softmax(src_md, dst_md, a["axis"], attr)
-            self.memory(src_md, self._slot(x), args, D.ARG_SRC, handles)
-            what = f"a softmax over {tuple(self.tensor_type(x).sizes())}"
-        elif kind == "layer_norm":  # read row-major: the normalized dimension innermost
-            x = self.relayout(a["reads"][0], strides)
-            src_md = self.md_of_value(x)
-            flags = (D.USE_SCALE if a["w"] is not None else 0) | (
-                D.USE_SHIFT if a["b"] is not None else 0)
-            pd = lib.layer_norm(src_md, dst_md, a["eps"], flags, attr)
-            self.memory(src_md, self._slot(x), args, D.ARG_SRC, handles)
-            for arg, c in ((D.ARG_SCALE, a["w"]), (D.ARG_SHIFT, a["b"])):
-                if c is not None:
-                    k = self.constant(c)
-                    self.memory(self.md_of_value(k), self._slot(k), args, arg, handles)
-            what = f"a layer normalization over {tuple(self.tensor_type(x).sizes())}"
-        elif kind == "reorder":
-            x = a["reads"][0]
-            src_md = self.md_of_value(x)
-            pd = lib.reorder(src_md, dst_md, attr)
-            self.memory(src_md, self._slot(x), args, D.ARG_SRC, handles)
-            what = f"a layout copy of {tuple(self.tensor_type(x).sizes())}"
-        else:  # pool
-            x = a["reads"][0]
-            tx, to = self.tensor_type(x), self.tensor_type(out)
-            src_md = self.md_of_value(x)
-            pad = a["padding"]
-            pad_r = _right_padding(tx, to, a["stride"], a["kernel"], a["dilation"], pad)
-            pd = lib.pooling(a["alg"], src_md, dst_md, a["stride"], a["kernel"],
-                             [d - 1 for d in a["dilation"]], pad, pad_r, attr)
-            self.memory(src_md, self._slot(x), args, D.ARG_SRC, handles)
-            what = f"{n.kind} on {tuple(tx.sizes())}"
+                self.memory(src_md, self._slot(x), args, D.ARG_SRC, handles)
+                what = f"{n.kind} on {tuple(tx.sizes())}"
+        except D.DnnlError as e:  # a combination oneDNN does not implement: not used
+            self.layout.pop(out, None)
+            self.p.fresh.pop(slot, None)
+            raise _Reference(str(e)) from e
         if lib.implementation(pd).startswith("ref"):
             lib.d.dnnl_primitive_desc_destroy(pd)
             lib.d.dnnl_primitive_attr_destroy(attr)

@@ -365,3 +365,41 @@ def test_aten_ops_read_convolution_results_in_the_traced_layout():
     cm = _module(m, make())
     _check(cm, m, make)
     assert _group(cm).failed is None
+
+
+def test_rms_norm_reductions_and_ops_oneDNN_lacks():
+    torch.manual_seed(10)
+
+    class Decoderish(torch.nn.Module):
+        """T5's and Llama's RMS norm (a power, a mean kept as a dimension, a reciprocal
+        square root, two products), the rotation of half the features (a negated slice:
+        no oneDNN kernel for that view), a mean that drops its dimension, and a result
+        computed from constants alone."""
+
+        def __init__(self):
+            super().__init__()
+            self.w = torch.nn.Parameter(torch.rand(32) + 0.5)
+            self.fc = torch.nn.Linear(32, 32)
+            self.register_buffer("freq", torch.rand(32))
+
+        def forward(self, x):
+            h = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6)
+            h = self.fc(self.w * h)
+            rot = torch.cat((-h[..., 16:], h[..., :16]), dim=-1)
+            h = h * 0.7 + rot * 0.3
+            return h.mean(1), torch.cos(self.freq) * 2
+
+    m = Decoderish().eval()
+    make = lambda: (torch.randn(2, 6, 32),)  # noqa: E731
+    cm = _module(m, make())
+    _check(cm, m, make)
+    g = _group(cm)
+    assert g.failed is None
+    # the norm (its mean over the last dimension included) is primitives; the negation
+    # of a strided slice and the mean over a middle dimension have only oneDNN's
+    # reference kernels, and the concatenation has none: they run in ATen
+    assert sorted(g.program.aten_ops) == ["aten::cat", "aten::mean", "aten::neg"], \
+        g.program.aten_ops
+    with torch.no_grad():  # the constant result is a fresh tensor each call
+        a, b = cm(*make())[1], cm(*make())[1]
+    assert a.data_ptr() != b.data_ptr()
