@@ -5,21 +5,35 @@ rewrites apply), whose values carry their shapes and strides. Output: ``Program`
 flat list of steps over numbered value slots:
 
 - a convolution (2-D, any groups, stride, padding or dilation) or a linear on
-  float32 with constant weights becomes one oneDNN primitive, with the elementwise ops
-  and the binary op that follow it (its only reader each time, the result's shape
-  unchanged) fused as post-ops: an activation, a residual add, a scale;
+  float32 with constant weights, and a matrix product of two tensors (or of a tensor
+  and a constant; batches broadcast), becomes one oneDNN primitive with the
+  elementwise ops and binary ops that follow it (its only reader each time, the
+  result's shape unchanged) fused as post-ops: an activation, a residual add, a scale,
+  a mask or bias added to attention scores;
+- ``scaled_dot_product_attention`` (no dropout; no mask, a causal one, a constant or a
+  tensor mask) becomes three: the scaled scores with the mask fused, a softmax in
+  place, the product with the values;
 - an elementwise op (ReLU, hardswish, hardsigmoid, SiLU, sigmoid, tanh, GELU,
-  hardtanh/clamp, arithmetic with a number), a broadcasting add/mul/sub/div, a global
-  average pooling (``adaptive_avg_pool2d`` to 1x1, ``mean`` over the spatial dims),
-  max or average pooling becomes a primitive of its own;
+  hardtanh/clamp, a power, a (reciprocal) square root, exp, negation, arithmetic with
+  a number), a broadcasting add/mul/sub/div (one operand may be a constant), a
+  softmax, a layer norm over the last dimension, a mean (over the image as a pooling,
+  else as a reduction), max or average pooling, a layout copy becomes a primitive of
+  its own;
+- a view op (view, reshape, permute, transpose, split, unbind, ...) of buffers the
+  program keeps is made once, here, and costs nothing per call;
 - every other node runs as its ATen op (``torch.ops.aten.<name>`` on the slots'
-  tensors), and a node whose operands are all constants is computed once, here.
+  tensors, each laid out as traced), and a node whose operands are all constants is
+  computed once, here.
+
+A primitive for which oneDNN has only its reference kernel, or no kernel, is tried as
+its ops one by one, and what is still left runs in ATen.
 
 Weights are reordered once into the layout each primitive prefers. Every primitive's
 result lives in a buffer allocated here, once, and shared with later results once the
 value is dead (the smallest free buffer that holds it; values an ATen op reads keep
 theirs, as it may return a view of them), so one call allocates nothing but its
-outputs, and the working set stays near the size of the live values.
+outputs, and the working set stays near the size of the live values. A result
+that is a view of such a buffer is copied out (the next call would overwrite it).
 A call binds the group's inputs (copied to the traced layout where they arrive in
 another) and runs the steps in order under a lock (the buffers are the program's).
 
