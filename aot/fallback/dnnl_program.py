@@ -332,9 +332,11 @@ class _Builder:
             numel *= d
         return self.lib.md([1] * extra + shape, [max(1, numel)] * extra + strides)
 
-    def constant(self, t: torch.Tensor) -> _Const:
-        """A slot holding the constant tensor ``t`` (a dense copy, kept)."""
-        t = t.detach().contiguous() if t.dim() else t.detach().reshape(1)
+    def constant(self, t: torch.Tensor, layout: tuple | None = None) -> _Const:
+        """A slot holding the constant tensor ``t``: a dense copy (laid out as
+        ``layout`` if given), kept."""
+        t = t.detach().reshape(1) if not t.dim() else t.detach().contiguous() \
+            if layout is None else torch.empty_strided(t.shape, layout).copy_(t)
         c = _Const(t)
         self.tensor_types[c] = _Type(t.shape, t.stride())
         s = self.new_slot(c)
@@ -398,7 +400,7 @@ class _Builder:
         if self.strides_of(v) == want:
             return v
         if isinstance(v, _Const):
-            return self.constant(torch.empty_strided(shape, want).copy_(v.t))
+            return self.constant(v.t, want)
         key = (self.alias.get(v, v), want)
         if key in self.copies:
             return self.copies[key]
