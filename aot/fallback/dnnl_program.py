@@ -1164,7 +1164,6 @@ class _Builder:
         dst_md = lib.weights_md(pd)
         buf = torch.empty(dst_md.nbytes // 4 + 16)
         self._keep(buf)
-        self._keep(w)
         src, dst = D.Memory(lib, src_md, w.data_ptr()), D.Memory(lib, dst_md, buf.data_ptr())
         rpd = lib.reorder(src_md, dst_md)
         D.Primitive(lib, rpd, None, [(D.ARG_SRC, src), (D.ARG_DST, dst)],
