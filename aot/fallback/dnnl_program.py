@@ -371,8 +371,8 @@ class _Builder:
         if isinstance(v, (_Copy, _Const)) or self._tensor_operand(v):
             return v
         if v not in self.const_operands:
-            ok, c = self.value(v)
-            if not ok or not isinstance(c, torch.Tensor) or c.dtype != torch.float32:
+            c = self._const_tensor(v)
+            if c is None:
                 raise ValueError(f"{v.debugName()} is not a float32 tensor")
             self.const_operands[v] = self.constant(c)
         return self.const_operands[v]
@@ -800,11 +800,10 @@ class _Builder:
             return None
         if self._tensor_operand(b):
             tb = tuple(self.tensor_type(b).sizes())
-        else:
-            ok, c = self.value(b)
-            if not ok or not isinstance(c, torch.Tensor) or c.dtype != torch.float32:
-                return None
+        elif (c := self._const_tensor(b)) is not None:
             tb = tuple(c.shape)
+        else:
+            return None
         if len(tb) > len(out) or any(y not in (1, o) for y, o in zip(reversed(tb),
                                                                      reversed(out))):
             return None
@@ -1094,9 +1093,6 @@ class _Builder:
         o_md = lib.md(shape, strides)
         for again in (False, True):  # operands whose batches oneDNN cannot step through
             if again:                # get dense copies
-                for pd, attr in made:
-                    lib.d.dnnl_primitive_desc_destroy(pd)
-                    lib.d.dnnl_primitive_attr_destroy(attr)
                 q, k, v = self.dense(q), self.dense(k), self.dense(v)
             kst = self.strides_of(k)  # k^T: the last two dimensions' strides swapped
             kt_md = lib.md(tk[:-2] + (tk[-1], tk[-2]), kst[:-2] + (kst[-1], kst[-2]))
@@ -1108,10 +1104,10 @@ class _Builder:
                          attr))
             if not any(lib.implementation(pd).startswith("ref") for pd, _ in made):
                 break
-        else:
             for pd, attr in made:
                 lib.d.dnnl_primitive_desc_destroy(pd)
                 lib.d.dnnl_primitive_attr_destroy(attr)
+        else:
             raise _Reference(f"attention over {tq}")
         scores = _Copy(None)  # a value made here, dead once the call's product is made
         self.tensor_types[scores] = _Type(sshape, sstrides)
