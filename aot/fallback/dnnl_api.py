@@ -25,7 +25,8 @@ import torch
 
 __all__ = ["available", "DnnlError", "Lib", "lib", "Memory", "Primitive", "post_ops",
            "ELTWISE", "BINARY", "ARG_SRC", "ARG_SRC_1", "ARG_DST", "ARG_WEIGHTS", "ARG_BIAS",
-           "ARG_SCRATCHPAD", "ARG_SCALE", "ARG_SHIFT", "post_op_src1"]
+           "ARG_SCRATCHPAD", "ARG_SCALE", "ARG_SHIFT", "ARG_ATTR_SCALES", "post_op_src1",
+           "scaled_source"]
 
 F32 = 3
 FORMAT_ANY = 1
@@ -44,11 +45,13 @@ SOFTMAX_ACCURATE = 0x30000
 USE_SCALE, USE_SHIFT = 0x2, 0x4  # normalization flags
 QUERY_IMPL_INFO_STR = 8
 QUERY_WEIGHTS_MD = 131
+QUERY_DST_MD = 133
 QUERY_SCRATCHPAD_MD = 136
 SCRATCHPAD_MODE_USER = 1
 ARG_SRC, ARG_SRC_1, ARG_DST, ARG_WEIGHTS, ARG_BIAS = 1, 2, 17, 33, 41
 ARG_SCALE, ARG_SHIFT = 51, 52
 ARG_SCRATCHPAD = 80
+ARG_ATTR_SCALES = 4096  # | the argument the scales apply to
 _POST_OP_BASE = 32768
 
 
@@ -215,6 +218,11 @@ class Lib:
         return _Md(self, _V(self.d.dnnl_primitive_desc_query_md(pd, QUERY_WEIGHTS_MD, 0)),
                    owned=False)
 
+    def dst_md(self, pd) -> "_Md":
+        """The result layout a primitive chose (owned by the primitive descriptor)."""
+        return _Md(self, _V(self.d.dnnl_primitive_desc_query_md(pd, QUERY_DST_MD, 0)),
+                   owned=False)
+
     def implementation(self, pd) -> str:
         """The name of the kernel a primitive descriptor chose (``ref:any`` for oneDNN's
         reference code, ``brg:avx512_core``, ...)."""
@@ -282,6 +290,19 @@ def post_ops(lib: Lib, ops) -> _V:
                           "adding a binary post-op")
         lib.check(lib.d.dnnl_primitive_attr_set_post_ops(attr, po), "setting post-ops")
         lib.d.dnnl_post_ops_destroy(po)
+    return attr
+
+
+def scaled_source(lib: Lib, mask: int) -> _V:
+    """An attribute for a reorder that multiplies its source by scales given per call
+    (``ARG_ATTR_SCALES | ARG_SRC``), one per index of the dimensions in ``mask``."""
+    attr = post_ops(lib, [])
+    try:
+        lib.check(lib.d.dnnl_primitive_attr_set_scales_mask(attr, ARG_SRC, mask),
+                  "asking for scales")
+    except DnnlError:
+        lib.d.dnnl_primitive_attr_destroy(attr)
+        raise
     return attr
 
 

@@ -19,6 +19,11 @@ flat list of steps over numbered value slots:
   softmax, a layer norm over the last dimension, a mean (over the image as a pooling,
   else as a reduction), max or average pooling, a layout copy becomes a primitive of
   its own;
+- a batch-1 image times per-channel scales made per call (squeeze-excitation), read
+  only by a 1x1 convolution, is not made where scaling the convolution's weights
+  costs less (``_WEIGHT_SCALE_COST``): a reorder with scales writes them each call;
+- a network's first convolution (a few input channels: ``_STEM_CHANNELS``) reads the
+  image as it comes and writes the layout oneDNN picks, reordered to NHWC after;
 - a view op (view, reshape, permute, transpose, split, unbind, ...) of buffers the
   program keeps is made once, here, and costs nothing per call;
 - every other node runs as its ATen op (``torch.ops.aten.<name>`` on the slots'
@@ -77,6 +82,16 @@ _VIEWS = frozenset(f"aten::{k}" for k in (
     "select", "slice", "split", "split_with_sizes", "unbind", "chunk", "expand", "narrow",
     "flatten", "unflatten", "view_as", "reshape_as", "expand_as", "movedim", "alias"))
 _INF = float("inf")
+# a 1x1 convolution's weights are scaled per input channel (a reorder with scales, per
+# call) in place of its input, where that is cheaper: measured with oneDNN 3.2 on a
+# Xeon, a weight so reordered costs about 16 times an input element multiplied
+_WEIGHT_SCALE_COST = 16
+# a convolution from an image of this many channels or fewer (a network's first) to
+# at most _STEM_OUT channels reads the image as it comes and writes the layout oneDNN
+# picks, reordered to NHWC after. Measured on a Xeon against reordering the image to
+# NHWC first: 1.7x faster for 3 -> 16 channels (3.5% of MobileNetV3-Small), 1.1x for
+# 3 -> 32 (within the noise for EfficientNet-B0), the same for 3 -> 64 (ResNet18's)
+_STEM_CHANNELS, _STEM_OUT = 4, 16
 
 
 class _Node:
@@ -179,6 +194,7 @@ class Program:
         self.n_aten = 0
         self.aten_ops: list[str] = []  # the kinds of the nodes run as ATen ops
         self.n_fixed_views = 0  # view ops made once, at build time
+        self.n_scaled_weights = 0  # 1x1 convolutions whose weights take a channel scale
         self.kept_storage: set[int] = set()  # storages the program keeps from call to call
 
     def __call__(self, inputs):
@@ -228,6 +244,9 @@ class _Builder:
         self.const_operands: dict = {}  # a constant tensor value -> its _Const
         self.tensor_types: dict = {}  # types of values made here (the copies)
         self.scratch: list = []  # the primitives' scratchpad memory objects
+        # a 1x1 convolution node -> (its input before a per-channel scale, the scales,
+        # the product node): the product is not made, the weights are scaled instead
+        self.scaled_inputs: dict = {}
         self.scratch_bytes = 0
 
     # values -------------------------------------------------------------------
@@ -466,6 +485,8 @@ class _Builder:
             self._emit_primitive(item)
             return
         except _Reference:
+            if "scale" in item[2]:  # the product the weights were to take is made after all
+                self._unscale(item[1])
             if not item[6]:
                 self._emit_aten(item[1])
                 return
@@ -478,6 +499,17 @@ class _Builder:
                 self._emit_primitive(("primitive", node, a, [], node.outs[0], a["reads"], []))
             except _Reference:
                 self._emit_aten(node)
+
+    def _unscale(self, conv: _Node) -> None:
+        """The per-channel product ahead of ``conv``, as a step of its own."""
+        _, _, mul = self.scaled_inputs.pop(conv.node)
+        a = self._anchor(mul)
+        try:
+            if a is None:
+                raise _Reference("no primitive")
+            self._emit_primitive(("primitive", mul, a, [], mul.outs[0], a["reads"], []))
+        except _Reference:
+            self._emit_aten(mul)
 
     def _users(self, v):
         return [u.user for u in v.uses()]
@@ -503,6 +535,12 @@ class _Builder:
                 self._fold(n)
                 done.add(n.node)
         for n in self.nodes:
+            if n.node not in done:
+                scaled = self._channel_scale(n)
+                if scaled is not None:
+                    self.scaled_inputs[scaled[0]] = (scaled[1], scaled[2], n)
+                    done.add(n.node)
+        for n in self.nodes:
             if n.node in fused_into or n.node in done:
                 continue
             anchor = self._anchor(n)
@@ -515,7 +553,7 @@ class _Builder:
                     users = self._users(out)
                     if len(users) != 1 or out in self.outputs:
                         break
-                    if users[0] in fused_into:  # the other operand's anchor took it
+                    if users[0] in fused_into or users[0] in done:  # taken already
                         break
                     u = _Node(users[0])
                     post = self._post_op(u, out)
@@ -715,9 +753,43 @@ class _Builder:
                                        and bt.dtype == torch.float32)) \
                 or not self._tensor_operand(x) or self.tensor_type(x).dim() != 4:
             return None
-        return {"kind": "conv", "w": wt, "b": bt, "stride": list(stride),
-                "padding": list(padding), "dilation": list(dilation), "groups": int(groups),
-                "fuses": True, "reads": [x]}
+        anchor = {"kind": "conv", "w": wt, "b": bt, "stride": list(stride),
+                  "padding": list(padding), "dilation": list(dilation), "groups": int(groups),
+                  "fuses": True, "reads": [x]}
+        if n.node in self.scaled_inputs:
+            x, scale, _ = self.scaled_inputs[n.node]
+            anchor.update(x=x, scale=scale, reads=[x, scale])
+        return anchor
+
+    def _channel_scale(self, n: _Node):
+        """``(convolution node, x, s)`` where ``n`` multiplies a batch-1 image ``x`` by
+        per-channel scales ``s`` (1 x C x 1 x 1, made per call: a squeeze-excitation)
+        for a 1x1 convolution alone to read, whose weights (O x C) are cheaper to scale
+        than ``x``; else None."""
+        if n.kind != "aten::mul" or len(n.ins) != 2 or n.outs[0] in self.outputs:
+            return None
+        users = self._users(n.outs[0])
+        if len(users) != 1 or users[0].kind() != "aten::_convolution":
+            return None
+        conv = _Node(users[0])
+        if conv.ins[0] != n.outs[0]:
+            return None
+        for x, s in (n.ins, n.ins[::-1]):
+            if not (self._tensor_operand(x) and self._tensor_operand(s)):
+                return None
+            tx, ts = self.tensor_type(x), self.tensor_type(s)
+            if tx.dim() != 4 or tx.sizes()[0] != 1 \
+                    or tuple(ts.sizes()) != (1, tx.sizes()[1], 1, 1):
+                continue
+            a = self._conv_anchor(conv)
+            if a is None or a["groups"] != 1 or tuple(a["w"].shape[2:]) != (1, 1) \
+                    or a["stride"] != [1, 1] or a["padding"] != [0, 0]:
+                return None
+            h, w = tx.sizes()[2:]
+            if a["w"].shape[0] * _WEIGHT_SCALE_COST >= h * w:
+                return None
+            return conv.node, x, s
+        return None
 
     def _linear_anchor(self, n: _Node):
         x, w, b = n.ins[:3]
@@ -911,8 +983,16 @@ class _Builder:
         shape = tuple(self.tensor_type(out).sizes())
         rank = len(shape)
         kind = a["kind"]
+        stem = False
         if kind == "conv":  # convolutions run NHWC (a reorder first where needed)
-            x = self.nhwc(n.ins[0])
+            x = a.get("x", n.ins[0])
+            tx = self.tensor_type(x)
+            stem = a["groups"] == 1 and tx.sizes()[1] <= _STEM_CHANNELS \
+                and shape[1] <= _STEM_OUT and not any(
+                p[0] != "eltwise" for p in posts) and self.strides_of(x) == _dense(
+                tuple(tx.sizes()), range(4))
+            if not stem:
+                x = self.nhwc(x)
             strides = _dense(shape, (0, 2, 3, 1))
         elif kind in ("linear", "matmul", "softmax", "layer_norm", "reduce"):
             strides = _dense(shape, range(len(shape)))
@@ -949,11 +1029,13 @@ class _Builder:
                 pad = a["padding"]
                 tx, to = self.tensor_type(x), self.tensor_type(out)
                 pad_r = _right_padding(tx, to, a["stride"], (kh, kw), a["dilation"], pad)
-                pd = lib.convolution(src_md, lib.md_any(wshape), b_md, dst_md, a["stride"],
+                pd = lib.convolution(src_md, lib.md_any(wshape), b_md,
+                                     lib.md_any(shape) if stem else dst_md, a["stride"],
                                      [d - 1 for d in a["dilation"]], pad, pad_r, attr)
-                wmem = self._packed_weights(pd, wt.reshape(wshape).contiguous())
                 self.memory(src_md, self._slot(x), args, D.ARG_SRC, handles)
-                self._weights_and_bias(args, wmem, bt, b_md)
+                if "scale" not in a:  # (else once the primitive is known to be made)
+                    wmem = self._packed_weights(pd, wt.reshape(wshape).contiguous())
+                    self._weights_and_bias(args, wmem, bt, b_md)
                 what = f"a convolution {tuple(tx.sizes())} -> {tuple(to.sizes())}"
             elif kind == "linear":
                 x = n.ins[0]
@@ -1061,11 +1143,39 @@ class _Builder:
             self.layout.pop(out, None)
             self.p.fresh.pop(slot, None)
             raise _Reference(what)
+        if kind == "conv" and "scale" in a:
+            try:
+                wmem = self._scaled_weights(pd, a["w"].contiguous(), a["scale"])
+            except D.DnnlError as e:
+                lib.d.dnnl_primitive_desc_destroy(pd)
+                lib.d.dnnl_primitive_attr_destroy(attr)
+                self.layout.pop(out, None)
+                self.p.fresh.pop(slot, None)
+                raise _Reference(str(e)) from e
+            self._weights_and_bias(args, wmem, a["b"], b_md)
         for index, other in binaries:
             md = self.md_of_value(other, rank)
             self.memory(md, self._slot(other), args, D.post_op_src1(index), handles)
+        if stem and not lib.d.dnnl_memory_desc_equal(lib.dst_md(pd).h, dst_md.h):
+            self._step_then_reorder(pd, attr, args, handles, what, dst_md, slot)
+            return
         self.memory(dst_md, slot, args, D.ARG_DST, handles)
         self._step(pd, attr, args, handles, what)
+
+    def _step_then_reorder(self, pd, attr, args, handles, what, dst_md, slot) -> None:
+        """The primitive writing a buffer of its own in the layout it chose, then a
+        reorder from there into ``slot`` (laid out as ``dst_md``)."""
+        lib = self.lib
+        chosen = lib.dst_md(pd)
+        buf = torch.empty(chosen.nbytes // 4 + 16)
+        self._keep(buf)
+        args.append((D.ARG_DST, D.Memory(lib, chosen, buf.data_ptr())))
+        rargs, rhandles = [(D.ARG_SRC, D.Memory(lib, chosen, buf.data_ptr()))], []
+        self.memory(dst_md, slot, rargs, D.ARG_DST, rhandles)
+        rattr = D.post_ops(lib, [])
+        rpd = lib.reorder(chosen, dst_md, rattr)
+        self._step(pd, attr, args, handles, what)
+        self._step(rpd, rattr, rargs, rhandles, f"a reorder of {what}'s result")
 
     def _step(self, pd, attr, args: list, handles: list, what: str) -> None:
         self._scratch(pd, args)
@@ -1142,6 +1252,33 @@ class _Builder:
             args.append((D.ARG_SCRATCHPAD, m))
             self.scratch.append(m)
             self.scratch_bytes = max(self.scratch_bytes, scratch.nbytes)
+
+    def _scaled_weights(self, pd, w: torch.Tensor, scale):
+        """A buffer in the layout ``pd`` wants its weights, and the step (before the
+        primitive's) writing ``w`` (O x C x 1 x 1) into it, each input channel times
+        its scale in ``scale`` (1 x C x 1 x 1) each call."""
+        lib = self.lib
+        c = w.shape[1]
+        if self.strides_of(scale)[1] != 1:
+            scale = self.dense(scale)
+        src_md, dst_md = lib.md(w.shape, w.stride()), lib.weights_md(pd)
+        attr = D.scaled_source(lib, 1 << 1)
+        try:
+            rpd = lib.reorder(src_md, dst_md, attr)
+        except D.DnnlError:
+            lib.d.dnnl_primitive_attr_destroy(attr)
+            raise
+        self._keep(w)
+        buf = torch.empty(dst_md.nbytes // 4 + 16)
+        self._keep(buf)
+        dst = D.Memory(lib, dst_md, buf.data_ptr())
+        args, handles = [(D.ARG_SRC, D.Memory(lib, src_md, w.data_ptr()))], []
+        self.memory(lib.md((c,), (1,)), self._slot(scale), args,
+                    D.ARG_ATTR_SCALES | D.ARG_SRC, handles)
+        args.append((D.ARG_DST, dst))
+        self._step(rpd, attr, args, handles, f"scaling {tuple(w.shape)} weights by channel")
+        self.p.n_scaled_weights += 1
+        return dst
 
     def _weights_and_bias(self, args: list, wmem, bias, b_md) -> None:
         args.append((D.ARG_WEIGHTS, wmem))

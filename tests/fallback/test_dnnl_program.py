@@ -403,3 +403,61 @@ def test_rms_norm_reductions_and_ops_oneDNN_lacks():
     with torch.no_grad():  # the constant result is a fresh tensor each call
         a, b = cm(*make())[1], cm(*make())[1]
     assert a.data_ptr() != b.data_ptr()
+
+
+class SqueezeExcite(torch.nn.Module):
+    """A stem (3 -> 16 channels), a depthwise convolution, squeeze-excitation scaling
+    its result for a 1x1 projection to 8 channels (an EfficientNet block)."""
+
+    def __init__(self):
+        super().__init__()
+        self.stem = torch.nn.Conv2d(3, 16, 3, stride=2, padding=1)
+        self.dw = torch.nn.Conv2d(16, 16, 3, padding=1, groups=16)
+        self.se1 = torch.nn.Conv2d(16, 4, 1)
+        self.se2 = torch.nn.Conv2d(4, 16, 1)
+        self.project = torch.nn.Conv2d(16, 8, 1)
+
+    def forward(self, x):
+        x = torch.nn.functional.hardswish(self.stem(x))
+        y = torch.nn.functional.silu(self.dw(x))
+        s = torch.sigmoid(self.se2(torch.relu(self.se1(y.mean((2, 3), keepdim=True)))))
+        return self.project(y * s) + 1.0
+
+
+def _steps(prog, words):
+    return [s.prim.what for s in prog.steps if hasattr(s, "prim") and words in s.prim.what]
+
+
+def test_channel_scale_goes_into_the_projection_weights_at_batch_one():
+    torch.manual_seed(7)
+    m = SqueezeExcite().eval()
+    make1 = lambda: (torch.randn(1, 3, 32, 32),)  # noqa: E731
+    cm = _module(m, make1())
+    _check(cm, m, make1)
+    prog = _group(cm).program
+    # 8 output channels x 16 < 16 x 16 pixels: the weights take the scales, per call,
+    # and no product of the image is made
+    assert prog.n_scaled_weights == 1 and "aten::mul" not in prog.aten_ops
+    assert len(_steps(prog, "weights by channel")) == 1
+    # the stem reads the NCHW image as it comes; its result is reordered to NHWC after
+    assert len(_steps(prog, "result")) == 1
+    # a batch of two has one set of scales per image: the product is made
+    make2 = lambda: (torch.randn(2, 3, 32, 32),)  # noqa: E731
+    cm2 = _module(m, make2())
+    _check(cm2, m, make2)
+    assert _group(cm2).program.n_scaled_weights == 0
+
+
+def test_channel_scale_falls_back_to_the_product_when_the_weights_cannot_take_it(
+        monkeypatch):
+    def refuse(self, pd, w, scale):
+        raise dnnl_api.DnnlError("no scaled reorder here")
+
+    monkeypatch.setattr(dnnl_program._Builder, "_scaled_weights", refuse)
+    torch.manual_seed(8)
+    m = SqueezeExcite().eval()
+    make = lambda: (torch.randn(1, 3, 32, 32),)  # noqa: E731
+    cm = _module(m, make())
+    _check(cm, m, make)
+    graph = _group(cm)
+    assert graph.failed is None and graph.program.n_scaled_weights == 0
