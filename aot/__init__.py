@@ -25,7 +25,8 @@ from .runtime.loading import load
 from .torch_tensor import QuantParams, TorchTensor
 
 __all__ = [
-    "compile", "export_stablehlo", "export_vmfb", "load", "report", "CompiledModule",
+    "compile", "compile_causal_lm", "export_stablehlo", "export_vmfb", "load", "report",
+    "CompiledModule",
     "NumpyModule", "TorchTensor", "QuantParams",
     "AotError", "ArtifactError", "CompileFailed", "ExportFailed", "InputMismatch",
     "InternalError", "KernelCallFailed", "UnsupportedOp",
@@ -101,6 +102,17 @@ def compile(model, args=(), *, example_kwargs=None, target: str = "cpu", fallbac
     here = (tgt.driver.startswith("local") and host_problem(art.manifest) is None) \
         or (tgt.driver == "cuda" and torch.cuda.is_available())
     return CompiledModule(art, open_device=here)
+
+
+def compile_causal_lm(model, *, max_length: int, batch_size: int = 1, example_length: int = 8,
+                      **compile_kwargs):
+    """A Hugging Face causal LM compiled for greedy generation: prefill and decode
+    entry points over one cache, ``generate(input_ids, max_new_tokens=...)`` giving
+    ``model.generate(..., do_sample=False)``'s tokens (``aot.causal_lm``;
+    docs/generation.md)."""
+    from .causal_lm import compile_causal_lm as build
+    return build(model, max_length=max_length, batch_size=batch_size,
+                 example_length=example_length, **compile_kwargs)
 
 
 def export_stablehlo(model, args=(), *, example_kwargs=None, target: str = "cpu",

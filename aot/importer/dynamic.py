@@ -96,7 +96,7 @@ def declared_dims(model, args: tuple, kwargs: dict, dynamic_shapes) -> dict[tupl
         per_input = [dynamic_shapes.get(k) for k in bound.arguments]
         leaves = list(bound.arguments.values())
     else:
-        per_input = list(dynamic_shapes) + [None] * len(kwargs)
+        per_input = _varargs_spread(model, len(args), list(dynamic_shapes)) + [None] * len(kwargs)
         leaves = list(args) + list(kwargs.values())
     out, flat_i = {}, 0
     for leaf, spec in zip(leaves, per_input):
@@ -110,6 +110,28 @@ def declared_dims(model, args: tuple, kwargs: dict, dynamic_shapes) -> dict[tupl
                 out[(flat_i, d % leaf.dim())] = dim
         flat_i += 1
     return out
+
+
+def _varargs_spread(model, n_args: int, per_input: list) -> list:
+    """``per_input`` with the entry for ``forward``'s ``*args`` (torch.export takes a
+    tuple there, one spec per extra argument) spread over those arguments."""
+    try:
+        params = list(inspect.signature(model.forward).parameters.values())
+    except (TypeError, ValueError):
+        return per_input
+    fixed = 0
+    for p in params:
+        if p.kind == p.VAR_POSITIONAL:
+            break
+        if p.kind not in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD):
+            return per_input
+        fixed += 1
+    else:
+        return per_input
+    if len(per_input) == fixed + 1 and isinstance(per_input[fixed], (tuple, list)) \
+            and len(per_input[fixed]) == n_args - fixed:
+        return per_input[:fixed] + list(per_input[fixed])
+    return per_input
 
 
 def dim_names(declared: dict[tuple[int, int], object]) -> dict[tuple[int, int], str]:

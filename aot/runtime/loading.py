@@ -15,7 +15,10 @@ whole file's SHA-256 (``sha256=``), verify its signature (``verify=`` a public k
 
 from __future__ import annotations
 
+import os
+
 from ..artifact import CompiledArtifact, load_artifact, pinned_sha256
+from ..causal_lm import GENERATOR_FILE
 from ..errors import ArtifactError
 from ..manifest import reading
 
@@ -52,6 +55,8 @@ def load(path: str, *, strict_layout: bool = False, arrays: str | None = None,
             not the pinned file, a malformed pin, a missing or bad signature, a legacy
             format with ``legacy=False``.
     """
+    if os.path.isdir(path) and os.path.isfile(os.path.join(path, GENERATOR_FILE)):
+        return _generator(path, arrays, strict_layout, sha256, verify)
     if arrays is None:
         arrays = "torch" if _has_torch() else "numpy"
     if arrays not in ARRAYS:
@@ -68,6 +73,19 @@ def load(path: str, *, strict_layout: bool = False, arrays: str | None = None,
     from .module import CompiledModule
     return reading(path, "opening the module",
                    lambda: CompiledModule(art, strict_layout=strict_layout))
+
+
+def _generator(path, arrays, strict_layout, sha256, verify):
+    """A folder ``CausalLMGenerator.save`` wrote (``aot.causal_lm``)."""
+    if sha256 is not None or verify is not None:
+        raise ArtifactError(f"{path!r} is a generator folder: pin or verify its files "
+                            "(prefill.aot, decode.aot) with aot.causal_lm.load_generator",
+                            stage="load")
+    if arrays not in (None, "torch") or not _has_torch():
+        raise ArtifactError(f"{path!r} is a generator folder: it runs with torch "
+                            "(arrays='torch')", stage="load")
+    from ..causal_lm import load_generator
+    return load_generator(path, strict_layout=strict_layout)
 
 
 def read_artifact(path: str, *, sha256: str | None = None, legacy: bool = True,

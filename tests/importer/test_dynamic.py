@@ -167,3 +167,22 @@ def test_cli_dynamic_batch_on_a_batch_1_example(tmp_path, caplog):
         x = torch.randn(n, 6)
         with torch.no_grad():
             torch.testing.assert_close(cm(x), model(x), rtol=1e-5, atol=1e-5)
+
+
+class Varargs(torch.nn.Module):
+    def forward(self, x, *rest):
+        return x.sum() + sum(r.sum() for r in rest)
+
+
+def test_dynamic_shapes_of_varargs_follow_each_extra_argument():
+    """torch.export takes one tuple of specs for ``*rest``: each spec belongs to one extra
+    argument, not to the dimensions of the first (which would widen a batch of 1 to 2)."""
+    from aot.importer.dynamic import declared_dims
+    n = Dim("n", min=1, max=16)
+    args = (torch.randn(1, 3), torch.randn(1, 2, 5), torch.randn(1, 2, 5))
+    got = declared_dims(Varargs(), args, {}, (None, ({2: n}, {2: n})))
+    assert got == {(1, 2): n, (2, 2): n}
+    imp = import_model(Varargs(), args,
+                       options=ImportOptions(dynamic_shapes=(None, ({2: n}, {2: n}))))
+    assert [e["name"] for e in imp.symbols.values()] == ["n"]
+    assert imp.flat_inputs[1].shape[:2] == (1, 2)
