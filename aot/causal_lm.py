@@ -50,9 +50,21 @@ def _flat_cache(cache) -> list:
     return out
 
 
+def _out_cache(out):
+    cache = getattr(out, "past_key_values", None)
+    return cache if cache is not None else out.cache
+
+
 def _step_modules(model, n_layers: int):
+    import inspect
+
     import torch
     from transformers.cache_utils import DynamicCache
+
+    # the cache argument's name: ``cache`` from transformers 5.2x (``past_key_values``
+    # before, and deprecated since)
+    params = inspect.signature(model.forward).parameters
+    cache_arg = "cache" if "cache" in params else "past_key_values"
 
     class Prefill(torch.nn.Module):
         def __init__(self):
@@ -61,7 +73,7 @@ def _step_modules(model, n_layers: int):
 
         def forward(self, input_ids):
             out = self.model(input_ids=input_ids, use_cache=True)
-            return (out.logits[:, -1, :], *_flat_cache(out.past_key_values))
+            return (out.logits[:, -1, :], *_flat_cache(_out_cache(out)))
 
     class Decode(torch.nn.Module):
         def __init__(self):
@@ -71,8 +83,8 @@ def _step_modules(model, n_layers: int):
         def forward(self, input_ids, *past):
             cache = DynamicCache(ddp_cache_data=[
                 (past[2 * i], past[2 * i + 1]) for i in range(n_layers)])
-            out = self.model(input_ids=input_ids, past_key_values=cache, use_cache=True)
-            return (out.logits[:, -1, :], *_flat_cache(out.past_key_values))
+            out = self.model(input_ids=input_ids, use_cache=True, **{cache_arg: cache})
+            return (out.logits[:, -1, :], *_flat_cache(_out_cache(out)))
 
     return Prefill().eval(), Decode().eval()
 

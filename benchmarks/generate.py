@@ -6,7 +6,8 @@
 Systems:
 - ``eager``: ``model.generate(ids, do_sample=False)`` with its default (dynamic) cache;
 - ``hf-static-compile``: the same with ``cache_implementation="static"`` and the model's
-  forward under ``torch.compile`` (what Hugging Face recommends for speed);
+  forward under ``torch.compile`` (what Hugging Face recommends for speed; the default
+  mode: CUDA graphs, its `reduce-overhead`, do not apply on a CPU);
 - ``aot``: ``aot.compile_causal_lm(model, max_length=prompt + new)``.
 
 Each system runs in its own worker process (thread pools of different systems slow each
@@ -57,7 +58,7 @@ def _worker(args) -> None:
     else:
         if args.system == "hf-static-compile":
             model.generation_config.cache_implementation = "static"
-            model.forward = torch.compile(model.forward, mode="reduce-overhead", fullgraph=True)
+            model.forward = torch.compile(model.forward, fullgraph=True)
 
         def run(n):
             with torch.no_grad():
