@@ -51,8 +51,13 @@ def _flat_cache(cache) -> list:
 
 
 def _out_cache(out):
-    cache = getattr(out, "past_key_values", None)
-    return cache if cache is not None else out.cache
+    """The cache a model output holds: its ``cache`` field from transformers 5.2x, its
+    ``past_key_values`` before."""
+    for name in ("cache", "past_key_values"):
+        if name in out.keys():
+            return out[name]
+    raise AotError(f"{type(out).__name__} holds no cache (use_cache=True was asked)",
+                   stage="import")
 
 
 def _step_modules(model, n_layers: int):
