@@ -1,0 +1,75 @@
+"""One lever of the oneDNN-primitives candidate on and off, in one process, interleaved.
+
+    python benchmarks/primitive_levers.py --lever se|stem MODEL [MODEL ...]
+
+Levers (module constants of ``aot/fallback/dnnl_program.py``):
+- ``se``: squeeze-excitation scales taken into the 1x1 projection's weights
+  (``_WEIGHT_SCALE_COST``; off: the image is multiplied as before);
+- ``stem``: a small stem reading the NCHW image and writing oneDNN's layout, reordered
+  after (``_STEM_CHANNELS``; off: the image reordered to NHWC first).
+
+Each model (an ``aot bench`` model name) is compiled twice with the candidate pinned
+(``plan=``), once per setting; both programs are checked against eager, then called in
+alternating blocks of 5 calls for 40 rounds. The host swings by tens of percent from
+minute to minute, so only this side-by-side ratio is read: the median over rounds of
+off / on (above 1: the lever is faster).
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+LEVERS = {"se": ("_WEIGHT_SCALE_COST", 10 ** 9), "stem": ("_STEM_CHANNELS", 0)}
+PLAN = {"format": 1, "program": None, "region": "aten-onednn-primitives", "candidates_ms": {}}
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--lever", choices=list(LEVERS), required=True)
+    p.add_argument("models", nargs="+")
+    p.add_argument("--rounds", type=int, default=40)
+    args = p.parse_args()
+
+    import torch
+
+    import aot
+    from aot.bench.suite import BENCH_MODELS
+    from aot.fallback import dnnl_program
+
+    name, off = LEVERS[args.lever]
+    on = getattr(dnnl_program, name)
+    print(f"lever {args.lever} ({name}: on {on}, off {off}); {args.rounds} rounds of 5 calls")
+    print("| model | on ms | off ms | off / on (median of rounds) | max error vs eager |")
+    print("|---|---|---|---|---|")
+    for model_name in args.models:
+        model, example = BENCH_MODELS[model_name]()
+        cms, err = {}, 0.0
+        with torch.no_grad():
+            want = model(*example)
+            for label, value in (("on", on), ("off", off)):
+                setattr(dnnl_program, name, value)
+                try:
+                    cms[label] = aot.compile(model, example, plan=PLAN)
+                finally:
+                    setattr(dnnl_program, name, on)
+                got = cms[label](*example)
+                err = max(err, float((got - want).abs().max() / want.abs().max()))
+            for cm in cms.values():
+                for _ in range(3):
+                    cm(*example)
+            ms = {k: [] for k in cms}
+            for _ in range(args.rounds):
+                for k, cm in cms.items():
+                    t = time.perf_counter()
+                    for _ in range(5):
+                        cm(*example)
+                    ms[k].append((time.perf_counter() - t) / 5 * 1e3)
+        ratio = statistics.median(a / b for a, b in zip(ms["off"], ms["on"]))
+        print(f"| {model_name} | {statistics.median(ms['on']):.2f} | "
+              f"{statistics.median(ms['off']):.2f} | {ratio:.3f} | {err:.1e} |", flush=True)
+
+
+if __name__ == "__main__":
+    main()
