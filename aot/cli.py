@@ -6,7 +6,7 @@
     aot keygen key.pem              (key.pem + key.pub, for aot sign / --verify)
     aot sign m.aot --key key.pem    (writes m.aot.sig; pip install 'aot[signing]')
     aot demo
-    aot bench [--quick] [--in-process]
+    aot bench [--quick] [--in-process] [--generate PROMPT:NEW]
 """
 
 from __future__ import annotations
@@ -316,6 +316,8 @@ def cmd_demo(args) -> int:
 
 
 def cmd_bench(args) -> int:
+    if args.generate:
+        return _bench_generate(args)
     from aot.bench import driver, suite
     models = suite.expand(args.models.split(","), suite.MODEL_SETS) if args.models else list(
         suite.QUICK_MODELS if args.quick else suite.DEFAULT_MODELS)
@@ -343,6 +345,37 @@ def cmd_bench(args) -> int:
         _step(f"wrote {kind}: {path}")
     if "png" not in paths:
         _step("no PNG chart: install matplotlib (pip install -e '.[bench]')")
+    return 0
+
+
+def _bench_generate(args) -> int:
+    """``aot bench --generate PROMPT:NEW``: greedy generation, time to first token and
+    decode tokens/s per system (``aot.bench.generate``)."""
+    import os
+
+    from aot.bench import generate
+    try:
+        prompt, new = (int(x) for x in args.generate.split(":"))
+        if prompt < 1 or new < 2:
+            raise ValueError
+    except ValueError:
+        raise SystemExit(f"aot: --generate {args.generate!r}: PROMPT:NEW, a prompt of 1 or "
+                         "more tokens and 2 or more new ones (e.g. 32:64)")
+    models = args.models.split(",") if args.models else ["llama_small"]
+    systems = args.systems.split(",") if args.systems else ["eager", "aot"]
+    tables = []
+    for model in models:
+        try:
+            tables.append(generate.run(model, prompt, new, args.runs or 5, systems, log=_step))
+        except ValueError as e:
+            raise SystemExit(f"aot: {e}")
+    text = "\n".join(tables)
+    print(text)
+    os.makedirs(args.out, exist_ok=True)
+    path = os.path.join(args.out, "generate.md")
+    with open(path, "w") as f:
+        f.write(text)
+    _step(f"wrote markdown: {path}")
     return 0
 
 
@@ -440,6 +473,12 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--in-process", action="store_true",
                    help="build and time every system in this one process (their thread "
                    "pools then interfere) instead of one worker process per system")
+    b.add_argument("--generate", metavar="PROMPT:NEW",
+                   help="greedy text generation instead: time to first token and decode "
+                   "tokens/s for a PROMPT-token prompt and NEW tokens; --models llama_small "
+                   "(default) or llama_tiny, --systems eager, hf-static-compile (transformers' "
+                   "static cache under torch.compile), aot (default eager,aot), --runs rounds "
+                   "(default 5)")
     b.add_argument("--out", default="bench-results", help="output folder (md, json, png)")
     b.set_defaults(fn=cmd_bench)
     return p

@@ -105,3 +105,21 @@ def test_outputs_are_written_after_each_model(tmp_path):
                                [r.model for r in rs]))
     assert seen == [["custom_op"], ["custom_op", "bert"]]
     assert all(r.median_ms > 0 for r in rows)
+
+
+def test_bench_generate_writes_its_table(tmp_path, capsys):
+    """``aot bench --generate``: each system in its own process, the tokens compared with
+    the first system's (eager twice here: the aot path is tests/e2e/test_causal_lm.py)."""
+    pytest.importorskip("transformers")
+    assert cli.main(["bench", "--generate", "4:3", "--models", "llama_tiny", "--systems",
+                     "eager,eager", "--runs", "2", "--out", str(tmp_path)]) == 0
+    md = (tmp_path / "generate.md").read_text()
+    assert "model llama_tiny, prompt 4, 3 new tokens" in md
+    rows = [r for r in md.splitlines() if r.startswith("| eager |")]
+    assert len(rows) == 1 and rows[0].endswith("| yes |")  # one row per system name
+    for bad in ("4", "4:1", "x:3"):
+        with pytest.raises(SystemExit, match="PROMPT:NEW"):
+            cli.main(["bench", "--generate", bad, "--out", str(tmp_path)])
+    with pytest.raises(SystemExit, match="no generation system"):
+        cli.main(["bench", "--generate", "4:3", "--systems", "onnxruntime",
+                  "--out", str(tmp_path)])

@@ -1,7 +1,7 @@
 """Greedy generation speed: time to first token and decode tokens/s, per system.
 
-    python benchmarks/generate.py [--model llama_small] [--prompt 32] [--new 64]
-                                  [--rounds 5] [--systems eager,hf-static-compile,aot]
+    aot bench --generate 32:64 [--models llama_small] [--runs 5]
+              [--systems eager,hf-static-compile,aot] [--out DIR]
 
 Systems:
 - ``eager``: ``model.generate(ids, do_sample=False)`` with its default (dynamic) cache;
@@ -9,6 +9,9 @@ Systems:
   forward under ``torch.compile`` (what Hugging Face recommends for speed; the default
   mode: CUDA graphs, its `reduce-overhead`, do not apply on a CPU);
 - ``aot``: ``aot.compile_causal_lm(model, max_length=prompt + new)``.
+
+Models: Llama configurations (random weights, nothing downloaded): ``llama_small`` (4
+layers, hidden 512, 8 heads, 2 key/value heads, vocabulary 32000) and ``llama_tiny``.
 
 Each system runs in its own worker process (thread pools of different systems slow each
 other in one process); the coordinator builds them one after another, then asks each in
@@ -76,51 +79,66 @@ def _worker(args) -> None:
         print(json.dumps({"s": time.perf_counter() - t}), flush=True)
 
 
-def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--model", default="llama_small", choices=list(MODELS))
-    p.add_argument("--prompt", type=int, default=32)
-    p.add_argument("--new", type=int, default=64)
-    p.add_argument("--rounds", type=int, default=5)
-    p.add_argument("--systems", default="eager,aot")
-    p.add_argument("--worker", default=None, help=argparse.SUPPRESS)
-    args = p.parse_args()
-    if args.worker:
-        args.system = args.worker
-        _worker(args)
-        return
-    systems = args.systems.split(",")
+SYSTEMS = ("eager", "hf-static-compile", "aot")
+
+
+def run(model: str, prompt: int, new: int, rounds: int, systems, log=print) -> str:
+    """The markdown table of one model's run (see the module docstring)."""
+    if model not in MODELS:
+        raise ValueError(f"no generation model {model!r}; choose one of {list(MODELS)}")
+    systems = list(dict.fromkeys(systems))  # a system named twice runs once
+    bad = [s for s in systems if s not in SYSTEMS]
+    if bad:
+        raise ValueError(f"no generation system {bad[0]!r}; choose from {list(SYSTEMS)}")
     procs, info = {}, {}
-    for s in systems:  # built one after another: no compile competes with another
-        procs[s] = subprocess.Popen(
-            [sys.executable, __file__, "--worker", s, "--model", args.model,
-             "--prompt", str(args.prompt), "--new", str(args.new)],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
-        info[s] = json.loads(procs[s].stdout.readline())
-        print(f"[generate] {s}: built in {info[s]['build_s']:.1f} s", file=sys.stderr)
-    times = {s: {"first": [], "all": []} for s in systems}
-    for r in range(args.rounds):
-        order = systems[r % len(systems):] + systems[:r % len(systems)]
-        for s in order:
-            for key, n in (("first", 1), ("all", args.new)):
-                procs[s].stdin.write(f"{n}\n")
-                procs[s].stdin.flush()
-                times[s][key].append(json.loads(procs[s].stdout.readline())["s"])
-    for proc in procs.values():
-        proc.stdin.close()
-        proc.wait()
+    try:
+        for s in systems:  # built one after another: no compile competes with another
+            log(f"{model}: building {s} in its own process ...")
+            procs[s] = subprocess.Popen(
+                [sys.executable, "-m", "aot.bench.generate", "--worker", s, "--model", model,
+                 "--prompt", str(prompt), "--new", str(new)],
+                stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+            line = procs[s].stdout.readline()
+            if not line:
+                raise RuntimeError(f"the {s} worker died while building (exit "
+                                   f"{procs[s].wait()})")
+            info[s] = json.loads(line)
+        times = {s: {"first": [], "all": []} for s in systems}
+        for r in range(rounds):
+            order = systems[r % len(systems):] + systems[:r % len(systems)]
+            for s in order:
+                for key, n in (("first", 1), ("all", new)):
+                    procs[s].stdin.write(f"{n}\n")
+                    procs[s].stdin.flush()
+                    times[s][key].append(json.loads(procs[s].stdout.readline())["s"])
+    finally:
+        for proc in procs.values():
+            if proc.stdin:
+                proc.stdin.close()
+            proc.wait()
     ref = info[systems[0]]["tokens"]
-    print(f"model {args.model}, prompt {args.prompt}, {args.new} new tokens, batch 1, "
-          f"medians of {args.rounds} rounds")
-    print("| system | time to first token ms | decode tokens/s | build s | tokens as "
-          f"{systems[0]}'s |")
-    print("|---|---|---|---|---|")
+    lines = [f"model {model}, prompt {prompt}, {new} new tokens, batch 1, medians of "
+             f"{rounds} rounds, each system in its own process",
+             "", f"| system | time to first token ms | decode tokens/s | build s | "
+             f"tokens as {systems[0]}'s |", "|---|---|---|---|---|"]
     for s in systems:
         first = statistics.median(times[s]["first"])
         full = statistics.median(times[s]["all"])
-        rate = (args.new - 1) / max(full - first, 1e-9)
-        print(f"| {s} | {first * 1e3:.1f} | {rate:.1f} | {info[s]['build_s']:.1f} | "
-              f"{'yes' if info[s]['tokens'] == ref else 'NO'} |")
+        rate = (new - 1) / max(full - first, 1e-9)
+        lines.append(f"| {s} | {first * 1e3:.1f} | {rate:.1f} | {info[s]['build_s']:.1f} | "
+                     f"{'yes' if info[s]['tokens'] == ref else 'NO'} |")
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description="a generation benchmark worker")
+    p.add_argument("--worker", required=True, choices=SYSTEMS)
+    p.add_argument("--model", required=True, choices=list(MODELS))
+    p.add_argument("--prompt", type=int, required=True)
+    p.add_argument("--new", type=int, required=True)
+    args = p.parse_args()
+    args.system = args.worker
+    _worker(args)
 
 
 if __name__ == "__main__":
