@@ -145,6 +145,10 @@ def compile_causal_lm(model, *, max_length: int, batch_size: int = 1, example_le
         if not isinstance(v, int) or isinstance(v, bool) or v < low:
             raise AotError(f"{name}={v!r}: an integer of at least {low} is needed",
                            stage="import")
+    taken = sorted({"dynamic_shapes", "example_kwargs", "args"} & set(compile_kwargs))
+    if taken:
+        raise AotError(f"compile_causal_lm sets {', '.join(taken)} itself (the prompt and "
+                       "cache lengths are dynamic up to max_length)", stage="import")
     cfg = model.config
     n_layers = getattr(cfg, "num_hidden_layers", None) or getattr(cfg, "n_layer", None)
     limit = getattr(cfg, "max_position_embeddings", None) or getattr(cfg, "n_positions", None)

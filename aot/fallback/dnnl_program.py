@@ -88,9 +88,9 @@ _INF = float("inf")
 _WEIGHT_SCALE_COST = 16
 # a convolution from an image of this many channels or fewer (a network's first) to
 # at most _STEM_OUT channels reads the image as it comes and writes the layout oneDNN
-# picks, reordered to NHWC after. Measured on a Xeon against reordering the image to
-# NHWC first: 1.7x faster for 3 -> 16 channels (3.5% of MobileNetV3-Small), 1.1x for
-# 3 -> 32 (within the noise for EfficientNet-B0), the same for 3 -> 64 (ResNet18's)
+# picks, reordered to NHWC after. Measured alone on a Xeon against reordering the image
+# to NHWC first (both with their reorders): 1.7x faster for 3 -> 16 channels, 1.1x for
+# 3 -> 32, the same for 3 -> 64 (a 7x7 kernel)
 _STEM_CHANNELS, _STEM_OUT = 4, 16
 
 

@@ -121,6 +121,8 @@ def test_what_cannot_be_served_is_refused_at_compile(tmp_path):
     with pytest.raises(AotError, match="transformers causal LM"):
         aot.compile_causal_lm(torch.nn.Linear(2, 2), max_length=8)
     model = _gpt2().eval()
+    with pytest.raises(AotError, match="sets dynamic_shapes itself"):
+        aot.compile_causal_lm(model, max_length=8, dynamic_shapes=None)
     with pytest.raises(AotError, match="past the model's 64 positions"):
         aot.compile_causal_lm(model, max_length=65)
     model.generation_config.repetition_penalty = 1.3
