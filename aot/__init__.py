@@ -111,7 +111,7 @@ def compile_causal_lm(model, *, max_length: int, batch_size: int = 1, example_le
     ``model.generate(..., do_sample=False)``'s tokens (``aot.causal_lm``;
     docs/generation.md)."""
     from .causal_lm import compile_causal_lm as build
-    return build(model, max_length=max_length, batch_size=batch_size,
+    return build(model, compile, max_length=max_length, batch_size=batch_size,
                  example_length=example_length, **compile_kwargs)
 
 

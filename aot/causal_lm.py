@@ -16,22 +16,16 @@ end-of-sequence token ends a row; finished rows get the pad token), so its token
 Hugging Face's. Each call starts from an empty cache and holds the generator's lock:
 calls from several threads run one after another.
 
-``save(folder)`` writes ``prefill.aot``, ``decode.aot`` and ``generator.json`` (numbers
-and token ids only); ``aot.load(folder)`` returns the generator.
+The generator (``aot.runtime.generator``) saves as a folder; ``aot.load(folder)``
+returns it.
 """
 
 from __future__ import annotations
 
-import json
-import os
-import threading
+from .errors import AotError
+from .runtime.generator import FORMAT, CausalLMGenerator
 
-from .errors import AotError, ArtifactError, InputMismatch
-
-__all__ = ["compile_causal_lm", "CausalLMGenerator", "load_generator", "GENERATOR_FILE"]
-
-GENERATOR_FILE = "generator.json"
-_FORMAT = 1
+__all__ = ["compile_causal_lm"]
 # generation settings that change greedy tokens, and the values that leave them alone
 _NEUTRAL = {"repetition_penalty": (None, 1.0), "no_repeat_ngram_size": (None, 0),
             "min_length": (None, 0), "min_new_tokens": (None, 0),
@@ -119,21 +113,21 @@ def _generation_settings(model) -> dict:
     return {"eos": eos, "pad": pad}
 
 
-def compile_causal_lm(model, *, max_length: int, batch_size: int = 1, example_length: int = 8,
-                      **compile_kwargs) -> "CausalLMGenerator":
+def compile_causal_lm(model, compile_fn, *, max_length: int, batch_size: int = 1,
+                      example_length: int = 8, **compile_kwargs) -> CausalLMGenerator:
     """Compile ``model`` (a ``transformers`` causal LM: ``...ForCausalLM``,
     ``GPT2LMHeadModel``) for greedy generation of sequences up to ``max_length``
     tokens (prompt and new ones), ``batch_size`` sequences at a time.
 
     ``example_length``: the prompt length prefill is captured and measured at (any
-    length in range runs). ``compile_kwargs`` go to both ``aot.compile`` calls
+    length in range runs). ``compile_fn`` is ``aot.compile``; ``compile_kwargs`` go to
+    both of its calls
     (``target``, ``fallback``, ...). Raises ``AotError`` for what this cannot serve:
     not a ``transformers`` model with a cache, sizes out of range, a generation config
     that changes greedy tokens."""
     import torch
     from torch.export import Dim
 
-    from . import compile as aot_compile
     from .hf_pytree import is_transformers_model
 
     if not isinstance(model, torch.nn.Module) or not is_transformers_model(model):
@@ -166,138 +160,12 @@ def compile_causal_lm(model, *, max_length: int, batch_size: int = 1, example_le
     with torch.no_grad():
         _, *past = prefill_m(ids)
     prompt = Dim("prompt", min=1, max=max_length - 1)
-    prefill = aot_compile(prefill_m, (ids,), dynamic_shapes=({1: prompt},), **compile_kwargs)
+    prefill = compile_fn(prefill_m, (ids,), dynamic_shapes=({1: prompt},), **compile_kwargs)
     last = ids[:, -1:].clone()
     seen = Dim("past", min=1, max=max_length - 1)
-    decode = aot_compile(decode_m, (last, *past),
+    decode = compile_fn(decode_m, (last, *past),
                          dynamic_shapes=(None, tuple({2: seen} for _ in past)),
                          **compile_kwargs)
-    meta = {"format": _FORMAT, "max_length": max_length, "batch_size": batch_size,
+    meta = {"format": FORMAT, "max_length": max_length, "batch_size": batch_size,
             "n_layers": int(n_layers), "vocab_size": vocab, **settings}
     return CausalLMGenerator(prefill, decode, meta)
-
-
-class CausalLMGenerator:
-    """Prefill and decode of one model, and greedy ``generate`` over them."""
-
-    def __init__(self, prefill, decode, meta: dict):
-        self.prefill, self.decode = prefill, decode
-        self.max_length = meta["max_length"]
-        self.batch_size = meta["batch_size"]
-        self.n_layers = meta["n_layers"]
-        self.eos = list(meta["eos"])
-        self.pad = meta["pad"]
-        self.meta = dict(meta)
-        self._lock = threading.Lock()
-
-    def _check(self, input_ids, max_new_tokens, attention_mask):
-        import torch
-
-        if not isinstance(input_ids, torch.Tensor) or input_ids.dim() != 2 \
-                or input_ids.dtype != torch.int64:
-            raise InputMismatch("input_ids: an int64 tensor of batch x prompt length is "
-                                f"needed, not {_describe(input_ids)}")
-        b, t = input_ids.shape
-        if b != self.batch_size:
-            raise InputMismatch(f"input_ids has a batch of {b}; this generator was compiled "
-                                f"for {self.batch_size}")
-        if t < 1:
-            raise InputMismatch("input_ids: an empty prompt")
-        if not isinstance(max_new_tokens, int) or isinstance(max_new_tokens, bool) \
-                or max_new_tokens < 1:
-            raise InputMismatch(f"max_new_tokens={max_new_tokens!r}: a positive integer "
-                                "is needed")
-        if t + max_new_tokens > self.max_length:
-            raise InputMismatch(f"a prompt of {t} tokens and {max_new_tokens} new ones make "
-                                f"{t + max_new_tokens}, past max_length={self.max_length} "
-                                "this generator was compiled for")
-        if attention_mask is not None:
-            if not isinstance(attention_mask, torch.Tensor) \
-                    or tuple(attention_mask.shape) != (b, t):
-                raise InputMismatch(f"attention_mask: a {b} x {t} tensor is needed, not "
-                                    f"{_describe(attention_mask)}")
-            if not bool((attention_mask == 1).all()):
-                raise InputMismatch("attention_mask masks prompt tokens out: padded prompts "
-                                    "are not served yet (give each row unpadded)")
-        if int(input_ids.min()) < 0 or int(input_ids.max()) >= self.meta["vocab_size"]:
-            raise InputMismatch(f"input_ids holds token ids outside the vocabulary "
-                                f"(0..{self.meta['vocab_size'] - 1})")
-
-    def generate(self, input_ids, max_new_tokens: int = 20, attention_mask=None):
-        """``input_ids`` followed by up to ``max_new_tokens`` greedy tokens per row, as
-        ``model.generate(input_ids, do_sample=False, max_new_tokens=...)`` returns."""
-        import torch
-
-        self._check(input_ids, max_new_tokens, attention_mask)
-        eos = torch.tensor(self.eos, dtype=torch.int64)
-        with self._lock, torch.no_grad():
-            logits, *cache = self.prefill(input_ids)
-            done = torch.zeros(self.batch_size, dtype=torch.bool)
-            new = []
-            for step in range(max_new_tokens):
-                token = logits.argmax(-1)
-                if self.pad is not None:
-                    token = torch.where(done, torch.tensor(self.pad), token)
-                new.append(token)
-                if len(self.eos):
-                    done = done | torch.isin(token, eos)
-                if bool(done.all()) or step == max_new_tokens - 1:
-                    break
-                logits, *cache = self.decode(token[:, None], *cache)
-        return torch.cat([input_ids, torch.stack(new, 1)], 1)
-
-    def save(self, folder: str) -> None:
-        """Write the generator to ``folder`` (made if missing), loadable by ``aot.load``."""
-        os.makedirs(folder, exist_ok=True)
-        self.prefill.save(os.path.join(folder, "prefill.aot"))
-        self.decode.save(os.path.join(folder, "decode.aot"))
-        with open(os.path.join(folder, GENERATOR_FILE), "w") as f:
-            json.dump(self.meta, f, indent=1)
-
-    def report(self) -> str:
-        """Each entry point's report: what was compiled, what runs in ATen, and why."""
-        return ("== prefill ==\n" + self.prefill.report()
-                + "\n== decode ==\n" + self.decode.report())
-
-
-def _describe(x) -> str:
-    shape = getattr(x, "shape", None)
-    dtype = getattr(x, "dtype", None)
-    return f"{type(x).__name__}" + (f" {tuple(shape)} {dtype}" if shape is not None else "")
-
-
-def _int(meta: dict, key: str, low: int) -> int:
-    v = meta.get(key)
-    if not isinstance(v, int) or isinstance(v, bool) or v < low:
-        raise ArtifactError(f"{GENERATOR_FILE}: {key} is {v!r}, not an integer of at least "
-                            f"{low}", stage="load")
-    return v
-
-
-def load_generator(folder: str, **load_kwargs) -> CausalLMGenerator:
-    """The generator ``CausalLMGenerator.save`` wrote to ``folder``; ``load_kwargs``
-    apply to both entry points' files (``aot.load``'s)."""
-    from .runtime.loading import load
-
-    path = os.path.join(folder, GENERATOR_FILE)
-    try:
-        with open(path) as f:
-            meta = json.load(f)
-    except (OSError, ValueError) as e:
-        raise ArtifactError(f"{path!r}: {e}", stage="load") from e
-    if not isinstance(meta, dict) or meta.get("format") != _FORMAT:
-        raise ArtifactError(f"{path!r}: not a generator description of format {_FORMAT}",
-                            stage="load")
-    clean = {"format": _FORMAT, "max_length": _int(meta, "max_length", 2),
-             "batch_size": _int(meta, "batch_size", 1), "n_layers": _int(meta, "n_layers", 1),
-             "vocab_size": _int(meta, "vocab_size", 1)}
-    eos, pad = meta.get("eos"), meta.get("pad")
-    if not isinstance(eos, list) or not all(isinstance(x, int) and not isinstance(x, bool)
-                                            for x in eos):
-        raise ArtifactError(f"{path!r}: eos is {eos!r}, not a list of token ids", stage="load")
-    if pad is not None and (not isinstance(pad, int) or isinstance(pad, bool)):
-        raise ArtifactError(f"{path!r}: pad is {pad!r}, not a token id", stage="load")
-    clean.update(eos=eos, pad=pad)
-    prefill = load(os.path.join(folder, "prefill.aot"), **load_kwargs)
-    decode = load(os.path.join(folder, "decode.aot"), **load_kwargs)
-    return CausalLMGenerator(prefill, decode, clean)

@@ -18,9 +18,9 @@ from __future__ import annotations
 import os
 
 from ..artifact import CompiledArtifact, load_artifact, pinned_sha256
-from ..causal_lm import GENERATOR_FILE
 from ..errors import ArtifactError
 from ..manifest import reading
+from .generator import GENERATOR_FILE, CausalLMGenerator, read_description
 
 __all__ = ["load", "read_artifact", "ARRAYS"]
 ARRAYS = ("torch", "numpy")
@@ -79,13 +79,15 @@ def _generator(path, arrays, strict_layout, sha256, verify):
     """A folder ``CausalLMGenerator.save`` wrote (``aot.causal_lm``)."""
     if sha256 is not None or verify is not None:
         raise ArtifactError(f"{path!r} is a generator folder: pin or verify its files "
-                            "(prefill.aot, decode.aot) with aot.causal_lm.load_generator",
+                            "(prefill.aot, decode.aot) one by one",
                             stage="load")
     if arrays not in (None, "torch") or not _has_torch():
         raise ArtifactError(f"{path!r} is a generator folder: it runs with torch "
                             "(arrays='torch')", stage="load")
-    from ..causal_lm import load_generator
-    return load_generator(path, strict_layout=strict_layout)
+    meta = read_description(path)
+    prefill, decode = (load(os.path.join(path, f"{name}.aot"), strict_layout=strict_layout)
+                       for name in ("prefill", "decode"))
+    return CausalLMGenerator(prefill, decode, meta)
 
 
 def read_artifact(path: str, *, sha256: str | None = None, legacy: bool = True,

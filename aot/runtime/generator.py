@@ -1,0 +1,141 @@
+"""A compiled causal LM's generator: prefill and decode artifacts, greedy ``generate``.
+
+``aot.causal_lm.compile_causal_lm`` makes one; ``CausalLMGenerator.save`` writes a folder
+(``prefill.aot``, ``decode.aot``, ``generator.json``: numbers and token ids only) and
+``aot.load(folder)`` reads it back (``read_description`` validates the JSON; nothing
+read from it runs). docs/generation.md.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+
+from ..errors import ArtifactError, InputMismatch
+
+__all__ = ["CausalLMGenerator", "read_description", "GENERATOR_FILE", "FORMAT"]
+
+GENERATOR_FILE = "generator.json"
+FORMAT = 1
+
+
+class CausalLMGenerator:
+    """Prefill and decode of one model, and greedy ``generate`` over them."""
+
+    def __init__(self, prefill, decode, meta: dict):
+        self.prefill, self.decode = prefill, decode
+        self.max_length = meta["max_length"]
+        self.batch_size = meta["batch_size"]
+        self.n_layers = meta["n_layers"]
+        self.eos = list(meta["eos"])
+        self.pad = meta["pad"]
+        self.meta = dict(meta)
+        self._lock = threading.Lock()
+
+    def _check(self, input_ids, max_new_tokens, attention_mask):
+        import torch
+
+        if not isinstance(input_ids, torch.Tensor) or input_ids.dim() != 2 \
+                or input_ids.dtype != torch.int64:
+            raise InputMismatch("input_ids: an int64 tensor of batch x prompt length is "
+                                f"needed, not {_describe(input_ids)}")
+        b, t = input_ids.shape
+        if b != self.batch_size:
+            raise InputMismatch(f"input_ids has a batch of {b}; this generator was compiled "
+                                f"for {self.batch_size}")
+        if t < 1:
+            raise InputMismatch("input_ids: an empty prompt")
+        if not isinstance(max_new_tokens, int) or isinstance(max_new_tokens, bool) \
+                or max_new_tokens < 1:
+            raise InputMismatch(f"max_new_tokens={max_new_tokens!r}: a positive integer "
+                                "is needed")
+        if t + max_new_tokens > self.max_length:
+            raise InputMismatch(f"a prompt of {t} tokens and {max_new_tokens} new ones make "
+                                f"{t + max_new_tokens}, past max_length={self.max_length} "
+                                "this generator was compiled for")
+        if attention_mask is not None:
+            if not isinstance(attention_mask, torch.Tensor) \
+                    or tuple(attention_mask.shape) != (b, t):
+                raise InputMismatch(f"attention_mask: a {b} x {t} tensor is needed, not "
+                                    f"{_describe(attention_mask)}")
+            if not bool((attention_mask == 1).all()):
+                raise InputMismatch("attention_mask masks prompt tokens out: padded prompts "
+                                    "are not served yet (give each row unpadded)")
+        if int(input_ids.min()) < 0 or int(input_ids.max()) >= self.meta["vocab_size"]:
+            raise InputMismatch(f"input_ids holds token ids outside the vocabulary "
+                                f"(0..{self.meta['vocab_size'] - 1})")
+
+    def generate(self, input_ids, max_new_tokens: int = 20, attention_mask=None):
+        """``input_ids`` followed by up to ``max_new_tokens`` greedy tokens per row, as
+        ``model.generate(input_ids, do_sample=False, max_new_tokens=...)`` returns."""
+        import torch
+
+        self._check(input_ids, max_new_tokens, attention_mask)
+        eos = torch.tensor(self.eos, dtype=torch.int64)
+        with self._lock, torch.no_grad():
+            logits, *cache = self.prefill(input_ids)
+            done = torch.zeros(self.batch_size, dtype=torch.bool)
+            new = []
+            for step in range(max_new_tokens):
+                token = logits.argmax(-1)
+                if self.pad is not None:
+                    token = torch.where(done, torch.tensor(self.pad), token)
+                new.append(token)
+                if len(self.eos):
+                    done = done | torch.isin(token, eos)
+                if bool(done.all()) or step == max_new_tokens - 1:
+                    break
+                logits, *cache = self.decode(token[:, None], *cache)
+        return torch.cat([input_ids, torch.stack(new, 1)], 1)
+
+    def save(self, folder: str) -> None:
+        """Write the generator to ``folder`` (made if missing), loadable by ``aot.load``."""
+        os.makedirs(folder, exist_ok=True)
+        self.prefill.save(os.path.join(folder, "prefill.aot"))
+        self.decode.save(os.path.join(folder, "decode.aot"))
+        with open(os.path.join(folder, GENERATOR_FILE), "w") as f:
+            json.dump(self.meta, f, indent=1)
+
+    def report(self) -> str:
+        """Each entry point's report: what was compiled, what runs in ATen, and why."""
+        return ("== prefill ==\n" + self.prefill.report()
+                + "\n== decode ==\n" + self.decode.report())
+
+
+def _describe(x) -> str:
+    shape = getattr(x, "shape", None)
+    dtype = getattr(x, "dtype", None)
+    return f"{type(x).__name__}" + (f" {tuple(shape)} {dtype}" if shape is not None else "")
+
+
+def _int(meta: dict, key: str, low: int) -> int:
+    v = meta.get(key)
+    if not isinstance(v, int) or isinstance(v, bool) or v < low:
+        raise ArtifactError(f"{GENERATOR_FILE}: {key} is {v!r}, not an integer of at least "
+                            f"{low}", stage="load")
+    return v
+
+
+def read_description(folder: str) -> dict:
+    """The generator description in ``folder``, every field checked."""
+    path = os.path.join(folder, GENERATOR_FILE)
+    try:
+        with open(path) as f:
+            meta = json.load(f)
+    except (OSError, ValueError) as e:
+        raise ArtifactError(f"{path!r}: {e}", stage="load") from e
+    if not isinstance(meta, dict) or meta.get("format") != FORMAT:
+        raise ArtifactError(f"{path!r}: not a generator description of format {FORMAT}",
+                            stage="load")
+    clean = {"format": FORMAT, "max_length": _int(meta, "max_length", 2),
+             "batch_size": _int(meta, "batch_size", 1), "n_layers": _int(meta, "n_layers", 1),
+             "vocab_size": _int(meta, "vocab_size", 1)}
+    eos, pad = meta.get("eos"), meta.get("pad")
+    if not isinstance(eos, list) or not all(isinstance(x, int) and not isinstance(x, bool)
+                                            for x in eos):
+        raise ArtifactError(f"{path!r}: eos is {eos!r}, not a list of token ids", stage="load")
+    if pad is not None and (not isinstance(pad, int) or isinstance(pad, bool)):
+        raise ArtifactError(f"{path!r}: pad is {pad!r}, not a token id", stage="load")
+    clean.update(eos=eos, pad=pad)
+    return clean
