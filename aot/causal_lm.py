@@ -22,10 +22,15 @@ returns it.
 
 from __future__ import annotations
 
-from .errors import AotError
-from .runtime.generator import FORMAT, CausalLMGenerator
+import functools
+import logging
 
-__all__ = ["compile_causal_lm"]
+from .errors import AotError
+from .runtime.generator import FORMAT, CausalLMGenerator, static_cache
+
+__all__ = ["compile_causal_lm", "CACHES"]
+log = logging.getLogger(__name__)
+CACHES = ("static", "dynamic")  # how decode holds the cache (module docstring)
 # generation settings that change greedy tokens, and the values that leave them alone
 _NEUTRAL = {"repetition_penalty": (None, 1.0), "no_repeat_ngram_size": (None, 0),
             "min_length": (None, 0), "min_new_tokens": (None, 0),
@@ -58,7 +63,7 @@ def _step_modules(model, n_layers: int):
     import inspect
 
     import torch
-    from transformers.cache_utils import DynamicCache
+    from transformers.cache_utils import Cache, DynamicCache
 
     # the cache argument's name: ``cache`` from transformers 5.2x (``past_key_values``
     # before, and deprecated since)
@@ -85,7 +90,62 @@ def _step_modules(model, n_layers: int):
             out = self.model(input_ids=input_ids, use_cache=True, **{cache_arg: cache})
             return (out.logits[:, -1, :], *_flat_cache(_out_cache(out)))
 
-    return Prefill().eval(), Decode().eval()
+    class StaticDecode(torch.nn.Module):
+        """One token at ``position`` (``batch x 1``: the tokens before it) over the
+        whole cache (``batch x heads x max_length x head dim`` per keys and values,
+        read where it lies): the logits and this token's keys and values, which the
+        caller writes into the cache at ``position``."""
+
+        def __init__(self):
+            super().__init__()
+            self.model = model
+
+        def forward(self, input_ids, position, *past):
+            length = past[0].shape[2]
+            slots = torch.arange(length, device=position.device)
+            here = (slots.view(1, 1, length, 1) == position.view(-1, 1, 1, 1))
+            seen = slots.view(1, 1, 1, length) <= position.view(-1, 1, 1, 1)
+            dtype = past[0].dtype
+            mask = torch.where(seen, torch.zeros((), dtype=dtype),
+                               torch.full((), torch.finfo(dtype).min, dtype=dtype))
+            layers = [_PositionLayer(past[2 * i], past[2 * i + 1], here)
+                      for i in range(n_layers)]
+            cache = Cache(layers=layers)
+            out = self.model(input_ids=input_ids, attention_mask=mask, position_ids=position,
+                             use_cache=True, **{cache_arg: cache})
+            return (out.logits[:, -1, :], *[t for layer in layers for t in layer.rows])
+
+    return Prefill().eval(), Decode().eval(), StaticDecode().eval()
+
+
+@functools.cache
+def _position_layer_type():
+    """A ``transformers`` cache layer over tensors given to it (a static decode's
+    inputs): ``update`` puts the new keys and values at the position's slot of what the
+    attention reads, without writing the given tensors, and keeps them as ``rows``."""
+    import torch
+    from transformers.cache_utils import StaticLayer
+
+    class PositionLayer(StaticLayer):
+        def __init__(self, keys, values, here):
+            super().__init__(max_cache_len=keys.shape[2])
+            self.keys, self.values, self.here = keys, values, here
+            self.device = keys.device
+            self.batch_size, self.num_heads = keys.shape[:2]
+            self.k_head_dim, self.v_head_dim = keys.shape[-1], values.shape[-1]
+            self.is_initialized = True
+            self.rows = None
+
+        def update(self, key_states, value_states, *args, **kwargs):
+            self.rows = (key_states, value_states)
+            return (torch.where(self.here, key_states, self.keys),
+                    torch.where(self.here, value_states, self.values))
+
+    return PositionLayer
+
+
+def _PositionLayer(keys, values, here):  # noqa: N802  (made like the class it returns)
+    return _position_layer_type()(keys, values, here)
 
 
 def _token_ids(v) -> list[int]:
@@ -114,17 +174,20 @@ def _generation_settings(model) -> dict:
 
 
 def compile_causal_lm(model, compile_fn, *, max_length: int, batch_size: int = 1,
-                      example_length: int = 8, **compile_kwargs) -> CausalLMGenerator:
+                      example_length: int = 8, cache: str = "static",
+                      **compile_kwargs) -> CausalLMGenerator:
     """Compile ``model`` (a ``transformers`` causal LM: ``...ForCausalLM``,
     ``GPT2LMHeadModel``) for greedy generation of sequences up to ``max_length``
     tokens (prompt and new ones), ``batch_size`` sequences at a time.
 
     ``example_length``: the prompt length prefill is captured and measured at (any
-    length in range runs). ``compile_fn`` is ``aot.compile``; ``compile_kwargs`` go to
-    both of its calls
-    (``target``, ``fallback``, ...). Raises ``AotError`` for what this cannot serve:
-    not a ``transformers`` model with a cache, sizes out of range, a generation config
-    that changes greedy tokens."""
+    length in range runs). ``cache``: ``"static"`` (the generator's cache, written in
+    place; decode of fixed shapes) or ``"dynamic"`` (decode returns the cache one
+    longer); a model whose static decode cannot be captured gets the dynamic one, and
+    the log says why. ``compile_fn`` is ``aot.compile``; ``compile_kwargs`` go to each
+    of its calls (``target``, ``fallback``, ...). Raises ``AotError`` for what this
+    cannot serve: not a ``transformers`` model with a cache, sizes out of range, a
+    generation config that changes greedy tokens."""
     import torch
     from torch.export import Dim
 
@@ -139,6 +202,9 @@ def compile_causal_lm(model, compile_fn, *, max_length: int, batch_size: int = 1
         if not isinstance(v, int) or isinstance(v, bool) or v < low:
             raise AotError(f"{name}={v!r}: an integer of at least {low} is needed",
                            stage="import")
+    if cache not in CACHES:
+        raise AotError(f"cache={cache!r}: one of {', '.join(map(repr, CACHES))}",
+                       stage="import")
     taken = sorted({"dynamic_shapes", "example_kwargs", "args"} & set(compile_kwargs))
     if taken:
         raise AotError(f"compile_causal_lm sets {', '.join(taken)} itself (the prompt and "
@@ -153,7 +219,7 @@ def compile_causal_lm(model, compile_fn, *, max_length: int, batch_size: int = 1
                        stage="import")
     settings = _generation_settings(model)
     model = model.eval()
-    prefill_m, decode_m = _step_modules(model, n_layers)
+    prefill_m, decode_m, static_m = _step_modules(model, n_layers)
     vocab = int(cfg.vocab_size)
     t = min(example_length, max_length - 1)
     ids = torch.randint(0, vocab, (batch_size, t), generator=torch.Generator().manual_seed(0))
@@ -162,10 +228,36 @@ def compile_causal_lm(model, compile_fn, *, max_length: int, batch_size: int = 1
     prompt = Dim("prompt", min=1, max=max_length - 1)
     prefill = compile_fn(prefill_m, (ids,), dynamic_shapes=({1: prompt},), **compile_kwargs)
     last = ids[:, -1:].clone()
-    seen = Dim("past", min=1, max=max_length - 1)
-    decode = compile_fn(decode_m, (last, *past),
-                         dynamic_shapes=(None, tuple({2: seen} for _ in past)),
-                         **compile_kwargs)
+    decode = None
+    if cache == "static":
+        try:
+            decode = _static_decode(static_m, compile_fn, last, past, max_length,
+                                    compile_kwargs)
+        except AotError as e:  # this model's cache cannot be served in place here
+            log.warning("%s: the static-cache decode did not compile (%s); decode returns "
+                        "the cache one longer instead", type(model).__name__, e)
+            cache = "dynamic"
+    if decode is None:
+        seen = Dim("past", min=1, max=max_length - 1)
+        decode = compile_fn(decode_m, (last, *past),
+                             dynamic_shapes=(None, tuple({2: seen} for _ in past)),
+                             **compile_kwargs)
     meta = {"format": FORMAT, "max_length": max_length, "batch_size": batch_size,
-            "n_layers": int(n_layers), "vocab_size": vocab, **settings}
+            "n_layers": int(n_layers), "vocab_size": vocab, "cache": cache, **settings}
     return CausalLMGenerator(prefill, decode, meta)
+
+
+def _static_decode(static_m, compile_fn, last, past, max_length: int, compile_kwargs):
+    """Decode over a cache of ``max_length`` positions, captured at the example's
+    position (the prompt's length) with the prompt's keys and values in place."""
+    import torch
+
+    cache = static_cache(past, max_length)
+    length = past[0].shape[2]
+    position = torch.full((last.shape[0], 1), length, dtype=torch.int64)
+    try:
+        with torch.no_grad():
+            static_m(last, position, *cache)
+    except Exception as e:  # noqa: BLE001  (the model's own code refused the layout)
+        raise AotError(f"{type(e).__name__}: {e}", stage="import") from e
+    return compile_fn(static_m, (last, position, *cache), **compile_kwargs)

@@ -14,7 +14,7 @@ import threading
 
 from ..errors import ArtifactError, InputMismatch
 
-__all__ = ["CausalLMGenerator", "read_description", "GENERATOR_FILE", "FORMAT"]
+__all__ = ["CausalLMGenerator", "read_description", "static_cache", "GENERATOR_FILE", "FORMAT"]
 
 GENERATOR_FILE = "generator.json"
 FORMAT = 1
@@ -30,8 +30,10 @@ class CausalLMGenerator:
         self.n_layers = meta["n_layers"]
         self.eos = list(meta["eos"])
         self.pad = meta["pad"]
+        self.cache = meta.get("cache", "dynamic")
         self.meta = dict(meta)
         self._lock = threading.Lock()
+        self._static = None  # the static cache's tensors, made by the first call
 
     def _check(self, input_ids, max_new_tokens, attention_mask):
         import torch
@@ -75,6 +77,9 @@ class CausalLMGenerator:
         eos = torch.tensor(self.eos, dtype=torch.int64)
         with self._lock, torch.no_grad():
             logits, *cache = self.prefill(input_ids)
+            if self.cache == "static":
+                cache = self._static_cache(cache)
+            position = input_ids.shape[1]
             done = torch.zeros(self.batch_size, dtype=torch.bool)
             new = []
             for step in range(max_new_tokens):
@@ -86,8 +91,29 @@ class CausalLMGenerator:
                     done = done | torch.isin(token, eos)
                 if bool(done.all()) or step == max_new_tokens - 1:
                     break
-                logits, *cache = self.decode(token[:, None], *cache)
+                if self.cache == "static":
+                    at = torch.full((self.batch_size, 1), position, dtype=torch.int64)
+                    logits, *rows = self.decode(token[:, None], at, *cache)
+                    for c, r in zip(cache, rows):  # this token's keys and values, in place
+                        c[:, :, position:position + 1].copy_(r)
+                else:
+                    logits, *cache = self.decode(token[:, None], *cache)
+                position += 1
         return torch.cat([input_ids, torch.stack(new, 1)], 1)
+
+    def _static_cache(self, prompt: list) -> list:
+        """The generator's cache with the prompt's keys and values at its start: its
+        tensors are made once, then reused by every call (under the lock); what lies
+        past the prompt is never read before a token's keys and values are written."""
+        if self._static is None or any(
+                c.shape[:2] != p.shape[:2] or c.shape[3:] != p.shape[3:] or c.dtype != p.dtype
+                for c, p in zip(self._static, prompt)):
+            self._static = static_cache(prompt, self.max_length)
+        else:
+            n = prompt[0].shape[2]
+            for c, p in zip(self._static, prompt):
+                c[:, :, :n].copy_(p)
+        return self._static
 
     def save(self, folder: str) -> None:
         """Write the generator to ``folder`` (made if missing), loadable by ``aot.load``."""
@@ -101,6 +127,20 @@ class CausalLMGenerator:
         """Each entry point's report: what was compiled, what runs in ATen, and why."""
         return ("== prefill ==\n" + self.prefill.report()
                 + "\n== decode ==\n" + self.decode.report())
+
+
+def static_cache(prompt: list, max_length: int) -> list:
+    """Cache tensors of ``max_length`` positions (``batch x heads x max_length x head
+    dim``), the prompt's keys and values (``prompt``, in layer order) at the start."""
+    import torch
+
+    out = []
+    for p in prompt:
+        b, h, n, d = p.shape
+        c = torch.zeros((b, h, max_length, d), dtype=p.dtype)
+        c[:, :, :n].copy_(p)
+        out.append(c)
+    return out
 
 
 def _describe(x) -> str:
@@ -137,5 +177,9 @@ def read_description(folder: str) -> dict:
         raise ArtifactError(f"{path!r}: eos is {eos!r}, not a list of token ids", stage="load")
     if pad is not None and (not isinstance(pad, int) or isinstance(pad, bool)):
         raise ArtifactError(f"{path!r}: pad is {pad!r}, not a token id", stage="load")
-    clean.update(eos=eos, pad=pad)
+    cache = meta.get("cache", "dynamic")  # folders written before the static cache
+    if cache not in ("static", "dynamic"):
+        raise ArtifactError(f"{path!r}: cache is {cache!r}, not 'static' or 'dynamic'",
+                            stage="load")
+    clean.update(eos=eos, pad=pad, cache=cache)
     return clean

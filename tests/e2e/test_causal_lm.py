@@ -3,9 +3,11 @@ for token against ``model.generate(do_sample=False)`` of the same Hugging Face m
 
 Three architectures from configs (random weights): Llama with grouped-query attention
 (4 heads, 2 key/value heads), GPT-2 (learned positions, tied embeddings), Qwen2 (tied
-embeddings, biased projections). Tokens are compared exactly; the logits behind them
-differ from eager's by float rounding, far below the gaps between the top two tokens of
-these models."""
+embeddings, biased projections), each with the static cache (the default) and Llama
+also with the dynamic one. Tokens are compared exactly; the logits behind them differ
+from eager's by float rounding, far below the gaps between the top two tokens of these
+models. The static cache's contents are compared with the keys and values Hugging Face
+computes for the whole sequence (rtol 1e-4, atol 1e-5: float rounding)."""
 
 import threading
 
@@ -128,8 +130,63 @@ def test_what_cannot_be_served_is_refused_at_compile(tmp_path):
     model.generation_config.repetition_penalty = 1.3
     with pytest.raises(AotError, match="repetition_penalty"):
         aot.compile_causal_lm(model, max_length=8)
+    with pytest.raises(AotError, match="cache='paged'"):
+        aot.compile_causal_lm(_gpt2().eval(), max_length=8, cache="paged")
     bad = tmp_path / "bad"
     bad.mkdir()
     (bad / "generator.json").write_text('{"format": 1, "max_length": "import os"}')
     with pytest.raises(ArtifactError, match="max_length"):
         aot.load(str(bad))
+    meta = {"format": 1, "max_length": 8, "batch_size": 1, "n_layers": 2, "vocab_size": 256,
+            "eos": [0], "pad": 0}
+    assert read_description_of(tmp_path, meta)["cache"] == "dynamic"  # written before it
+    with pytest.raises(ArtifactError, match="cache is 'paged'"):
+        read_description_of(tmp_path, {**meta, "cache": "paged"})
+
+
+def read_description_of(tmp_path, meta):
+    import json
+
+    from aot.runtime.generator import read_description
+    folder = tmp_path / "described"
+    folder.mkdir(exist_ok=True)
+    (folder / "generator.json").write_text(json.dumps(meta))
+    return read_description(str(folder))
+
+
+def test_the_static_cache_is_written_in_place_and_holds_hugging_faces_keys(compiled):
+    """Decode reads the generator's cache where it lies and returns only the token's
+    keys and values, written at its position: the cache's tensors are the same from
+    token to token and call to call, and after a call they hold the keys and values the
+    model computes for the whole sequence (up to the last token, which no decode read)."""
+    name, model, gen = compiled
+    assert gen.meta["cache"] == "static", name
+    ids = torch.randint(3, 256, (1, 5), generator=torch.Generator().manual_seed(7))
+    out = gen.generate(ids, max_new_tokens=12)
+    cache = gen._static
+    addresses = [c.data_ptr() for c in cache]
+    assert all(c.shape[2] == MAX_LENGTH for c in cache)
+    n = out.shape[1] - 1  # the last token is returned, never decoded
+    with torch.no_grad():
+        hf = model(input_ids=out[:, :n], use_cache=True)
+    key = "cache" if "cache" in hf.keys() else "past_key_values"
+    want = [t for layer in hf[key].layers for t in (layer.keys, layer.values)]
+    for got, w in zip(cache, want):
+        torch.testing.assert_close(got[:, :, :n], w, rtol=1e-4, atol=1e-5)
+    again = gen.generate(ids[:, :3], max_new_tokens=4)
+    assert [c.data_ptr() for c in gen._static] == addresses
+    assert torch.equal(again, _hf(model, ids[:, :3], 4))
+
+
+def test_the_dynamic_cache_still_serves():
+    """``cache="dynamic"``: decode returns the cache one longer (the model's own
+    ``DynamicCache``), with a dynamic length; tokens as Hugging Face's."""
+    torch.manual_seed(0)
+    model = _llama().eval()
+    gen = aot.compile_causal_lm(model, max_length=MAX_LENGTH, cache="dynamic")
+    assert gen.meta["cache"] == "dynamic" and gen._static is None
+    for prompt in (1, 9):
+        ids = torch.randint(3, 256, (1, prompt), generator=torch.Generator().manual_seed(prompt))
+        assert torch.equal(gen.generate(ids, max_new_tokens=MAX_LENGTH - prompt),
+                           _hf(model, ids, MAX_LENGTH - prompt))
+    assert gen._static is None
