@@ -217,6 +217,7 @@ def compile_causal_lm(model, compile_fn, *, max_length: int, batch_size: int = 1
     if limit is not None and max_length > limit:
         raise AotError(f"max_length={max_length} is past the model's {limit} positions",
                        stage="import")
+    _full_attention(cfg, max_length)
     settings = _generation_settings(model)
     model = model.eval()
     prefill_m, decode_m, static_m = _step_modules(model, n_layers)
@@ -245,6 +246,23 @@ def compile_causal_lm(model, compile_fn, *, max_length: int, batch_size: int = 1
     meta = {"format": FORMAT, "max_length": max_length, "batch_size": batch_size,
             "n_layers": int(n_layers), "vocab_size": vocab, "cache": cache, **settings}
     return CausalLMGenerator(prefill, decode, meta)
+
+
+def _full_attention(cfg, max_length: int) -> None:
+    """An ``AotError`` unless every layer attends to every earlier position up to
+    ``max_length`` (the masks both decodes and prefill's capture assume): a sliding
+    window shorter than ``max_length`` specialises the prompt's length at capture, and
+    layers of another kind (linear attention) keep states of their own."""
+    window = getattr(cfg, "sliding_window", None)
+    if isinstance(window, int) and window < max_length:
+        raise AotError(f"the model's attention slides over {window} positions, fewer than "
+                       f"max_length={max_length}: not served (compile with max_length <= "
+                       f"{window})", stage="import")
+    kinds = set(getattr(cfg, "layer_types", None) or ()) - {"full_attention",
+                                                            "sliding_attention"}
+    if kinds:
+        raise AotError(f"the model has layers of kind {', '.join(sorted(kinds))}: only "
+                       "attention layers are served", stage="import")
 
 
 def _static_decode(static_m, compile_fn, last, past, max_length: int, compile_kwargs):

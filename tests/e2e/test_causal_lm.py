@@ -178,6 +178,19 @@ def test_the_static_cache_is_written_in_place_and_holds_hugging_faces_keys(compi
     assert torch.equal(again, _hf(model, ids[:, :3], 4))
 
 
+def test_a_sliding_window_shorter_than_max_length_is_refused():
+    """Both decodes' masks, and prefill's capture, assume every layer attends to every
+    earlier position: a model whose window is shorter than max_length (Mistral's
+    sliding window) is refused at compile, saying what would serve it."""
+    model = tf.MistralForCausalLM(tf.MistralConfig(
+        vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=1,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+        sliding_window=16)).eval()
+    for cache in ("static", "dynamic"):
+        with pytest.raises(AotError, match="slides over 16 positions.*max_length <= 16"):
+            aot.compile_causal_lm(model, max_length=24, cache=cache)
+
+
 def test_the_dynamic_cache_still_serves():
     """``cache="dynamic"``: decode returns the cache one longer (the model's own
     ``DynamicCache``), with a dynamic length; tokens as Hugging Face's."""
