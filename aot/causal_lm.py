@@ -26,11 +26,10 @@ import functools
 import logging
 
 from .errors import AotError
-from .runtime.generator import FORMAT, CausalLMGenerator, static_cache
+from .runtime.generator import CACHES, FORMAT, CausalLMGenerator, static_cache
 
-__all__ = ["compile_causal_lm", "CACHES"]
+__all__ = ["compile_causal_lm"]
 log = logging.getLogger(__name__)
-CACHES = ("static", "dynamic")  # how decode holds the cache (module docstring)
 # generation settings that change greedy tokens, and the values that leave them alone
 _NEUTRAL = {"repetition_penalty": (None, 1.0), "no_repeat_ngram_size": (None, 0),
             "min_length": (None, 0), "min_new_tokens": (None, 0),
@@ -65,6 +64,7 @@ def _step_modules(model, n_layers: int):
     import torch
     from transformers.cache_utils import Cache, DynamicCache
 
+    PositionLayer = _position_layer_type()  # noqa: N806  (a class)
     # the cache argument's name: ``cache`` from transformers 5.2x (``past_key_values``
     # before, and deprecated since)
     params = inspect.signature(model.forward).parameters
@@ -108,7 +108,7 @@ def _step_modules(model, n_layers: int):
             dtype = past[0].dtype
             mask = torch.where(seen, torch.zeros((), dtype=dtype),
                                torch.full((), torch.finfo(dtype).min, dtype=dtype))
-            layers = [_PositionLayer(past[2 * i], past[2 * i + 1], here)
+            layers = [PositionLayer(past[2 * i], past[2 * i + 1], here)
                       for i in range(n_layers)]
             cache = Cache(layers=layers)
             out = self.model(input_ids=input_ids, attention_mask=mask, position_ids=position,
@@ -142,10 +142,6 @@ def _position_layer_type():
                     torch.where(self.here, value_states, self.values))
 
     return PositionLayer
-
-
-def _PositionLayer(keys, values, here):  # noqa: N802  (made like the class it returns)
-    return _position_layer_type()(keys, values, here)
 
 
 def _token_ids(v) -> list[int]:

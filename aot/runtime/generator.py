@@ -14,10 +14,14 @@ import threading
 
 from ..errors import ArtifactError, InputMismatch
 
-__all__ = ["CausalLMGenerator", "read_description", "static_cache", "GENERATOR_FILE", "FORMAT"]
+__all__ = ["CausalLMGenerator", "read_description", "static_cache", "GENERATOR_FILE", "FORMAT",
+           "CACHES"]
 
 GENERATOR_FILE = "generator.json"
 FORMAT = 1
+# how decode holds the cache: the generator's own, written in place ("static"), or
+# passed in and returned one position longer ("dynamic"; docs/generation.md)
+CACHES = ("static", "dynamic")
 
 
 class CausalLMGenerator:
@@ -178,8 +182,8 @@ def read_description(folder: str) -> dict:
     if pad is not None and (not isinstance(pad, int) or isinstance(pad, bool)):
         raise ArtifactError(f"{path!r}: pad is {pad!r}, not a token id", stage="load")
     cache = meta.get("cache", "dynamic")  # folders written before the static cache
-    if cache not in ("static", "dynamic"):
-        raise ArtifactError(f"{path!r}: cache is {cache!r}, not 'static' or 'dynamic'",
+    if cache not in CACHES:
+        raise ArtifactError(f"{path!r}: cache is {cache!r}, not one of {', '.join(CACHES)}",
                             stage="load")
     clean.update(eos=eos, pad=pad, cache=cache)
     return clean
