@@ -191,6 +191,17 @@ def test_a_sliding_window_shorter_than_max_length_is_refused():
             aot.compile_causal_lm(model, max_length=24, cache=cache)
 
 
+def test_a_batch_of_two_shares_one_position():
+    """``batch_size=2``: both rows' keys and values go to the same position of the
+    static cache each step; tokens as Hugging Face's for the batch."""
+    torch.manual_seed(0)
+    model = _llama().eval()
+    gen = aot.compile_causal_lm(model, max_length=24, batch_size=2)
+    assert gen.meta["cache"] == "static"
+    ids = torch.randint(3, 256, (2, 6), generator=torch.Generator().manual_seed(5))
+    assert torch.equal(gen.generate(ids, max_new_tokens=18), _hf(model, ids, 18))
+
+
 def test_the_dynamic_cache_still_serves():
     """``cache="dynamic"``: decode returns the cache one longer (the model's own
     ``DynamicCache``), with a dynamic length; tokens as Hugging Face's."""
