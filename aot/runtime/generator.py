@@ -14,8 +14,8 @@ import threading
 
 from ..errors import ArtifactError, InputMismatch
 
-__all__ = ["CausalLMGenerator", "read_description", "static_cache", "GENERATOR_FILE", "FORMAT",
-           "CACHES"]
+__all__ = ["CausalLMGenerator", "read_description", "check_entry_points", "static_cache",
+           "GENERATOR_FILE", "FORMAT", "CACHES"]
 
 GENERATOR_FILE = "generator.json"
 FORMAT = 1
@@ -131,6 +131,19 @@ class CausalLMGenerator:
         """Each entry point's report: what was compiled, what runs in ATen, and why."""
         return ("== prefill ==\n" + self.prefill.report()
                 + "\n== decode ==\n" + self.decode.report())
+
+
+def check_entry_points(prefill, decode, meta: dict, folder: str) -> None:
+    """An ``ArtifactError`` unless prefill takes the ids alone and decode the inputs
+    its cache form needs (the token, its position for the static cache, then each
+    layer's keys and values): a description that does not match its artifacts."""
+    want = 2 * meta["n_layers"] + (2 if meta["cache"] == "static" else 1)
+    for name, module, n in (("prefill", prefill, 1), ("decode", decode, want)):
+        got = len(module.manifest.inputs)
+        if got != n:
+            raise ArtifactError(f"{folder!r}: {GENERATOR_FILE} describes a {meta['cache']} "
+                                f"cache over {meta['n_layers']} layers, whose {name} takes "
+                                f"{n} inputs; {name}.aot takes {got}", stage="load")
 
 
 def static_cache(prompt: list, max_length: int) -> list:

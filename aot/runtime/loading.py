@@ -20,7 +20,7 @@ import os
 from ..artifact import CompiledArtifact, load_artifact, pinned_sha256
 from ..errors import ArtifactError
 from ..manifest import reading
-from .generator import GENERATOR_FILE, CausalLMGenerator, read_description
+from .generator import GENERATOR_FILE, CausalLMGenerator, check_entry_points, read_description
 
 __all__ = ["load", "read_artifact", "ARRAYS"]
 ARRAYS = ("torch", "numpy")
@@ -87,6 +87,7 @@ def _generator(path, arrays, strict_layout, sha256, verify):
     meta = read_description(path)
     prefill, decode = (load(os.path.join(path, f"{name}.aot"), strict_layout=strict_layout)
                        for name in ("prefill", "decode"))
+    check_entry_points(prefill, decode, meta, path)
     return CausalLMGenerator(prefill, decode, meta)
 
 

@@ -81,6 +81,13 @@ def test_save_load_gives_the_same_generator(compiled, tmp_path):
     # two generators from one folder, and two calls of one, share no state
     assert torch.equal(other.generate(ids, max_new_tokens=10), want)
     assert torch.equal(again.generate(ids, max_new_tokens=10), want)
+    # a description whose cache form does not match the artifacts is refused at load
+    import json
+    path = tmp_path / "lm" / "generator.json"
+    meta = json.loads(path.read_text())
+    path.write_text(json.dumps({**meta, "cache": "dynamic"}))
+    with pytest.raises(ArtifactError, match="describes a dynamic cache over 2 layers"):
+        aot.load(str(tmp_path / "lm"))
 
 
 def test_errors_name_what_was_wrong(compiled):
