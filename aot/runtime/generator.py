@@ -81,8 +81,9 @@ class CausalLMGenerator:
         eos = torch.tensor(self.eos, dtype=torch.int64)
         with self._lock, torch.no_grad():
             logits, *cache = self.prefill(input_ids)
-            if self.cache == "static":
-                cache = self._static_cache(cache)
+            if self.cache == "static":  # made once, then reused (under the lock)
+                cache = self._static = static_cache(cache, self.max_length, self._static)
+                at = torch.empty((self.batch_size, 1), dtype=torch.int64)
             position = input_ids.shape[1]
             done = torch.zeros(self.batch_size, dtype=torch.bool)
             new = []
@@ -96,7 +97,7 @@ class CausalLMGenerator:
                 if bool(done.all()) or step == max_new_tokens - 1:
                     break
                 if self.cache == "static":
-                    at = torch.full((self.batch_size, 1), position, dtype=torch.int64)
+                    at.fill_(position)
                     logits, *rows = self.decode(token[:, None], at, *cache)
                     for c, r in zip(cache, rows):  # this token's keys and values, in place
                         c[:, :, position:position + 1].copy_(r)
@@ -104,20 +105,6 @@ class CausalLMGenerator:
                     logits, *cache = self.decode(token[:, None], *cache)
                 position += 1
         return torch.cat([input_ids, torch.stack(new, 1)], 1)
-
-    def _static_cache(self, prompt: list) -> list:
-        """The generator's cache with the prompt's keys and values at its start: its
-        tensors are made once, then reused by every call (under the lock); what lies
-        past the prompt is never read before a token's keys and values are written."""
-        if self._static is None or any(
-                c.shape[:2] != p.shape[:2] or c.shape[3:] != p.shape[3:] or c.dtype != p.dtype
-                for c, p in zip(self._static, prompt)):
-            self._static = static_cache(prompt, self.max_length)
-        else:
-            n = prompt[0].shape[2]
-            for c, p in zip(self._static, prompt):
-                c[:, :, :n].copy_(p)
-        return self._static
 
     def save(self, folder: str) -> None:
         """Write the generator to ``folder`` (made if missing), loadable by ``aot.load``."""
@@ -146,18 +133,21 @@ def check_entry_points(prefill, decode, meta: dict, folder: str) -> None:
                                 f"{n} inputs; {name}.aot takes {got}", stage="load")
 
 
-def static_cache(prompt: list, max_length: int) -> list:
+def static_cache(prompt: list, max_length: int, reuse: list | None = None) -> list:
     """Cache tensors of ``max_length`` positions (``batch x heads x max_length x head
-    dim``), the prompt's keys and values (``prompt``, in layer order) at the start."""
+    dim``), the prompt's keys and values (``prompt``, in layer order) at the start:
+    ``reuse``'s tensors where they have those shapes and dtypes, new ones otherwise.
+    What lies past the prompt is never read before a token's keys and values are
+    written there."""
     import torch
 
-    out = []
-    for p in prompt:
-        b, h, n, d = p.shape
-        c = torch.zeros((b, h, max_length, d), dtype=p.dtype)
-        c[:, :, :n].copy_(p)
-        out.append(c)
-    return out
+    shapes = [((*p.shape[:2], max_length, *p.shape[3:]), p.dtype) for p in prompt]
+    if reuse is None or len(reuse) != len(prompt) or any(
+            (tuple(c.shape), c.dtype) != s for c, s in zip(reuse, shapes)):
+        reuse = [torch.zeros(shape, dtype=dtype) for shape, dtype in shapes]
+    for c, p in zip(reuse, prompt):
+        c[:, :, :p.shape[2]].copy_(p)
+    return reuse
 
 
 def _describe(x) -> str:
