@@ -1,23 +1,22 @@
 """Greedy generation with a Hugging Face causal language model compiled ahead of time.
 
-``compile_causal_lm(model, max_length=..., batch_size=...)`` compiles two entry points
-of one model (``aot.compile`` each, with its placement and kernel calls):
+``compile_causal_lm(model, max_length=..., batch_size=...)`` compiles the model's entry
+points (``aot.compile`` each, with its placement and kernel calls):
 
-- **prefill**: the prompt's ids (``batch x T``, ``T`` dynamic in ``1..max_length``) ->
-  the last position's logits and each layer's keys and values;
-- **decode**: one token per sequence and the cache so far (length ``P`` dynamic in
-  ``1..max_length - 1``) -> the logits and the cache one position longer.
+- **prefill**: the prompt's ids (``batch x T``, ``T`` dynamic in ``1..SHORT_PROMPT``)
+  -> the last position's logits and each layer's keys and values; prompts longer than
+  ``SHORT_PROMPT`` go to a second prefill, one ATen region (``_long_prefill`` says why);
+- **decode**, static cache (the default): one token per sequence, its position and the
+  whole cache (``max_length`` positions per layer's keys and values) -> the logits and
+  this token's keys and values, which ``generate`` writes into the cache in place;
+- **decode**, dynamic cache: one token and the cache so far (its length dynamic) -> the
+  logits and the cache one position longer (the model's own ``DynamicCache`` update).
 
-The cache is a flat list of tensors (per layer: keys, values; ``batch x heads x length
-x head dim``) held by one ``generate`` call: decode returns it one position longer (the
-model's own ``DynamicCache`` update, a concatenation). ``generate`` picks the most
-likely token each step and stops where ``model.generate(do_sample=False)`` stops (an
-end-of-sequence token ends a row; finished rows get the pad token), so its tokens are
-Hugging Face's. Each call starts from an empty cache and holds the generator's lock:
-calls from several threads run one after another.
-
-The generator (``aot.runtime.generator``) saves as a folder; ``aot.load(folder)``
-returns it.
+``generate`` (``aot.runtime.generator``) picks the most likely token each step and stops
+where ``model.generate(do_sample=False)`` stops (an end-of-sequence token ends a row;
+finished rows get the pad token), so its tokens are Hugging Face's. Each call starts
+from an empty cache and holds the generator's lock: calls from several threads run one
+after another. The generator saves as a folder; ``aot.load(folder)`` returns it.
 """
 
 from __future__ import annotations
@@ -30,6 +29,10 @@ from .runtime.generator import CACHES, FORMAT, CausalLMGenerator, static_cache
 
 __all__ = ["compile_causal_lm"]
 log = logging.getLogger(__name__)
+# prompts up to this many tokens go to prefill as the placement race chooses it; longer
+# ones to a prefill run as one ATen region (``_long_prefill``)
+SHORT_PROMPT = 32
+_ATEN_REGION = {"format": 1, "program": None, "region": "aten-prepacked", "candidates_ms": {}}
 # generation settings that change greedy tokens, and the values that leave them alone
 _NEUTRAL = {"repetition_penalty": (None, 1.0), "no_repeat_ngram_size": (None, 0),
             "min_length": (None, 0), "min_new_tokens": (None, 0),
@@ -70,13 +73,17 @@ def _step_modules(model, n_layers: int):
     params = inspect.signature(model.forward).parameters
     cache_arg = "cache" if "cache" in params else "past_key_values"
 
+    # only the last position's logits (as ``generate`` asks): the head's product over
+    # one row, not the prompt's
+    last = {"logits_to_keep": 1} if "logits_to_keep" in params else {}
+
     class Prefill(torch.nn.Module):
         def __init__(self):
             super().__init__()
             self.model = model
 
         def forward(self, input_ids):
-            out = self.model(input_ids=input_ids, use_cache=True)
+            out = self.model(input_ids=input_ids, use_cache=True, **last)
             return (out.logits[:, -1, :], *_flat_cache(_out_cache(out)))
 
     class Decode(torch.nn.Module):
@@ -222,8 +229,13 @@ def compile_causal_lm(model, compile_fn, *, max_length: int, batch_size: int = 1
     ids = torch.randint(0, vocab, (batch_size, t), generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
         _, *past = prefill_m(ids)
-    prompt = Dim("prompt", min=1, max=max_length - 1)
-    prefill = compile_fn(prefill_m, (ids,), dynamic_shapes=({1: prompt},), **compile_kwargs)
+    short = min(max_length - 1, SHORT_PROMPT)
+    prefill = compile_fn(prefill_m, (ids[:, :short],),
+                         dynamic_shapes=({1: Dim("prompt", min=1, max=short)},), **compile_kwargs)
+    prefill_long = None
+    if max_length - 1 > short:
+        prefill_long = _long_prefill(prefill_m, compile_fn, ids, short, max_length,
+                                     example_length, compile_kwargs)
     last = ids[:, -1:].clone()
     decode = None
     if cache == "static":
@@ -241,7 +253,37 @@ def compile_causal_lm(model, compile_fn, *, max_length: int, batch_size: int = 1
                              **compile_kwargs)
     meta = {"format": FORMAT, "max_length": max_length, "batch_size": batch_size,
             "n_layers": int(n_layers), "vocab_size": vocab, "cache": cache, **settings}
-    return CausalLMGenerator(prefill, decode, meta)
+    if prefill_long is not None:
+        meta["long_prompt_from"] = short + 1
+    return CausalLMGenerator(prefill, decode, meta, prefill_long)
+
+
+def _long_prefill(prefill_m, compile_fn, ids, short: int, max_length: int,
+                  example_length: int, compile_kwargs):
+    """Prefill of prompts of ``short + 1`` to ``max_length - 1`` tokens: one ATen region
+    with prepacked weights (``aten-prepacked``) unless the caller pinned a plan or a
+    placement. IREE's code for a dynamic prompt length runs the attention several times
+    slower than ATen's past a few dozen tokens, and the placement race, timed at one
+    length, cannot see it: on a 2-vCPU Zen 4 ``llama_small``'s prefill of 512 tokens took
+    179 ms as IREE's dynamic program (``iree-tiled``), 83 ms as this region and 104 ms in
+    eager PyTorch (docs/generation.md)."""
+    from torch.export import Dim
+
+    n = max(short + 1, min(example_length, max_length - 1))
+    example = ids.repeat(1, -(-n // ids.shape[1]))[:, :n]
+    kwargs = dict(compile_kwargs)
+    if "plan" not in kwargs and kwargs.get("placement", "auto") == "auto":
+        kwargs["plan"] = _ATEN_REGION
+    shapes = ({1: Dim("long_prompt", min=short + 1, max=max_length - 1)},)
+    try:
+        return compile_fn(prefill_m, (example,), dynamic_shapes=shapes, **kwargs)
+    except AotError as e:
+        if kwargs.get("plan") is not _ATEN_REGION:
+            raise
+        log.info("no ATen region with prepacked weights for long prompts (%s): placed by "
+                 "measurement instead", e)
+        kwargs.pop("plan")
+        return compile_fn(prefill_m, (example,), dynamic_shapes=shapes, **kwargs)
 
 
 def _full_attention(cfg, max_length: int) -> None:

@@ -19,6 +19,7 @@ import math
 
 import torch
 
+from ..importer.dynamic import is_symbolic_value
 from .rewrite_nodes import emit_node, source_meta
 
 __all__ = ["attention_as_matmuls"]
@@ -41,7 +42,11 @@ def _plan(n: torch.fx.Node) -> dict | None:
         return None
     if a.get("dropout_p", 0.0) or a.get("is_causal", False) or a.get("enable_gqa", False):
         return None
-    if q.shape[:-2] != k.shape[:-2] or k.shape[:-2] != v.shape[:-2] or not q.dtype.is_floating_point:
+    try:  # sizes that follow a dynamic dimension compare as the same symbol, or not
+        if q.shape[:-2] != k.shape[:-2] or k.shape[:-2] != v.shape[:-2] \
+                or q.shape[-1] != k.shape[-1] or not q.dtype.is_floating_point:
+            return None
+    except Exception:  # noqa: BLE001  (sizes torch cannot compare here: left as written)
         return None
     if a.get("attn_mask") is not None and (mask is None or not (
             mask.dtype.is_floating_point or mask.dtype == torch.bool)):
@@ -53,19 +58,31 @@ def _plan(n: torch.fx.Node) -> dict | None:
 
 def attention_as_matmuls(node: torch.fx.Node, g: torch.fx.Graph, env: dict) -> torch.fx.Node | None:
     """Emit a compiled SDPA node into ``g`` as ``bmm(softmax(bmm(q, k^T) * scale [+ mask]), v)``
-    (batch dimensions flattened), operands through ``env``; None leaves it as it is."""
-    plan = _plan(node)
-    if plan is None:
+    (batch dimensions flattened), operands through ``env``; None leaves it as it is.
+    Sizes that follow a dynamic dimension (a prompt's length) are read back from the
+    operands (``sym_size``), the flattened batch as ``-1``."""
+    try:
+        plan = _plan(node)
+        if plan is None or is_symbolic_value([_val(plan[x]).shape[-1] for x in "qkv"]):
+            return None  # the head width must be known
+    except Exception:  # noqa: BLE001  (sizes torch cannot read here: left as written)
         return None
     emit = functools.partial(emit_node, g, keep=source_meta(node))
+
+    def size(x, d: int):
+        """Dimension ``d`` of operand ``x``: an int, or a ``sym_size`` node where dynamic."""
+        n = _val(plan[x]).shape[d]
+        return emit(aten.sym_size.int, (env[plan[x]], d), n) if is_symbolic_value(n) else int(n)
     qv, kv, vv = _val(plan["q"]), _val(plan["k"]), _val(plan["v"])
-    lead = list(qv.shape[:-2])
-    b = math.prod(int(d) for d in lead)
-    lq, e, lk, ev = int(qv.shape[-2]), int(qv.shape[-1]), int(kv.shape[-2]), int(vv.shape[-1])
-    q3v, k3v, v3v = qv.reshape(b, lq, e), kv.reshape(b, lk, e), vv.reshape(b, lk, ev)
-    q3 = emit(aten.reshape.default, (env[plan["q"]], [b, lq, e]), q3v)
-    k3 = emit(aten.reshape.default, (env[plan["k"]], [b, lk, e]), k3v)
-    v3 = emit(aten.reshape.default, (env[plan["v"]], [b, lk, ev]), v3v)
+    rank = qv.dim()
+    e, ev = int(qv.shape[-1]), int(vv.shape[-1])
+    lead = [size("q", d) for d in range(rank - 2)]
+    lq, lk = size("q", rank - 2), size("k", rank - 2)
+    q3v, k3v, v3v = qv.reshape(-1, qv.shape[-2], e), kv.reshape(-1, kv.shape[-2], e), \
+        vv.reshape(-1, vv.shape[-2], ev)
+    q3 = emit(aten.reshape.default, (env[plan["q"]], [-1, lq, e]), q3v)
+    k3 = emit(aten.reshape.default, (env[plan["k"]], [-1, lk, e]), k3v)
+    v3 = emit(aten.reshape.default, (env[plan["v"]], [-1, lk, ev]), v3v)
     ktv = k3v.transpose(1, 2)
     kt = emit(aten.transpose.int, (k3, 1, 2), ktv)
     sv = torch.bmm(q3v, ktv)
@@ -73,7 +90,7 @@ def attention_as_matmuls(node: torch.fx.Node, g: torch.fx.Graph, env: dict) -> t
     s = emit(aten.mul.Tensor, (s, plan["scale"]), sv)
     if plan["mask"] is not None:
         mv = _val(plan["mask"])
-        s4v = sv.reshape(*lead, lq, lk)
+        s4v = sv.reshape(*qv.shape[:-2], qv.shape[-2], kv.shape[-2])
         s4 = emit(aten.reshape.default, (s, [*lead, lq, lk]), s4v)
         if mv.dtype == torch.bool:  # False masks out: -inf where it is False
             offv = torch.logical_not(mv)
@@ -93,14 +110,14 @@ def attention_as_matmuls(node: torch.fx.Node, g: torch.fx.Graph, env: dict) -> t
         dead = emit(aten.eq.Scalar, (mx, float("-inf")), deadv)
         p4v = torch.where(deadv, 0.0, p4v)
         p4 = emit(aten.where.ScalarSelf, (dead, 0.0, p4), p4v)
-        pv = p4v.reshape(b, lq, lk)
-        p = emit(aten.reshape.default, (p4, [b, lq, lk]), pv)
+        pv = p4v.reshape(-1, qv.shape[-2], kv.shape[-2])
+        p = emit(aten.reshape.default, (p4, [-1, lq, lk]), pv)
     else:
         pv = torch.softmax(sv, -1)
         p = emit(aten._softmax.default, (s, -1, False), pv)
     ov = torch.bmm(pv, v3v)
     o = emit(aten.bmm.default, (p, v3), ov)
     out = node.meta["val"]
-    y = emit(aten.reshape.default, (o, list(out.shape)), out)
+    y = emit(aten.reshape.default, (o, [*lead, lq, ev]), out)
     y.meta = {**dict(node.meta), "val": out}
     return y

@@ -46,7 +46,7 @@ __all__ = ["FORMS", "emit", "apply"]
 
 # names the compiled forms; part of the cost cache's key (``cost``), so a measurement
 # of an op's older form is not reused
-FORMS = ("conv-as-matmul-4+depthwise-nhwc-1+depthwise-as-shifts-3+attention-as-matmuls-2"
+FORMS = ("conv-as-matmul-4+depthwise-nhwc-1+depthwise-as-shifts-3+attention-as-matmuls-3"
          "+global-pool-as-mean-1+linear-as-2d-2+int-floor-division-1+variance-two-pass-1"
          "+half-reductions-in-float-1+nan-propagating-1+int-negation-1+layer-norm-two-pass-1")
 _REWRITES = (conv_as_matmul, depthwise_as_shifts, attention_as_matmuls, global_pool_as_mean,
@@ -54,7 +54,7 @@ _REWRITES = (conv_as_matmul, depthwise_as_shifts, attention_as_matmuls, global_p
              reductions_in_float,
              nan_propagating, negation_exact)
 # the forms that also take sizes following a dynamic dimension (``dynamic_shapes``)
-_SYMBOLIC = (linear_as_2d, floor_division_exact, reductions_in_float, nan_propagating,
+_SYMBOLIC = (linear_as_2d, attention_as_matmuls, floor_division_exact, reductions_in_float, nan_propagating,
              negation_exact)
 # the forms that are about exactness, not IREE's speed: a portable export keeps these only
 _EXACT = (floor_division_exact, variance_two_pass, layer_norm_two_pass, reductions_in_float)

@@ -27,8 +27,10 @@ CACHES = ("static", "dynamic")
 class CausalLMGenerator:
     """Prefill and decode of one model, and greedy ``generate`` over them."""
 
-    def __init__(self, prefill, decode, meta: dict):
-        self.prefill, self.decode = prefill, decode
+    def __init__(self, prefill, decode, meta: dict, prefill_long=None):
+        self.prefill, self.decode, self.prefill_long = prefill, decode, prefill_long
+        # prompts longer than this go to ``prefill_long`` (None: every prompt to prefill)
+        self.long_from = meta.get("long_prompt_from")
         self.max_length = meta["max_length"]
         self.batch_size = meta["batch_size"]
         self.n_layers = meta["n_layers"]
@@ -80,7 +82,8 @@ class CausalLMGenerator:
         self._check(input_ids, max_new_tokens, attention_mask)
         eos = torch.tensor(self.eos, dtype=torch.int64)
         with self._lock, torch.no_grad():
-            logits, *cache = self.prefill(input_ids)
+            long = self.long_from is not None and input_ids.shape[1] >= self.long_from
+            logits, *cache = (self.prefill_long if long else self.prefill)(input_ids)
             if self.cache == "static":  # made once, then reused (under the lock)
                 cache = self._static = static_cache(cache, self.max_length, self._static)
                 at = torch.empty((self.batch_size, 1), dtype=torch.int64)
@@ -111,21 +114,29 @@ class CausalLMGenerator:
         os.makedirs(folder, exist_ok=True)
         self.prefill.save(os.path.join(folder, "prefill.aot"))
         self.decode.save(os.path.join(folder, "decode.aot"))
+        if self.prefill_long is not None:
+            self.prefill_long.save(os.path.join(folder, "prefill_long.aot"))
         with open(os.path.join(folder, GENERATOR_FILE), "w") as f:
             json.dump(self.meta, f, indent=1)
 
     def report(self) -> str:
         """Each entry point's report: what was compiled, what runs in ATen, and why."""
-        return ("== prefill ==\n" + self.prefill.report()
-                + "\n== decode ==\n" + self.decode.report())
+        out = "== prefill ==\n" + self.prefill.report()
+        if self.prefill_long is not None:
+            out += (f"\n== prefill of prompts of {self.long_from} tokens or more ==\n"
+                    + self.prefill_long.report())
+        return out + "\n== decode ==\n" + self.decode.report()
 
 
-def check_entry_points(prefill, decode, meta: dict, folder: str) -> None:
-    """An ``ArtifactError`` unless prefill takes the ids alone and decode the inputs
+def check_entry_points(prefill, decode, meta: dict, folder: str, prefill_long=None) -> None:
+    """An ``ArtifactError`` unless each prefill takes the ids alone and decode the inputs
     its cache form needs (the token, its position for the static cache, then each
     layer's keys and values): a description that does not match its artifacts."""
     want = 2 * meta["n_layers"] + (2 if meta["cache"] == "static" else 1)
-    for name, module, n in (("prefill", prefill, 1), ("decode", decode, want)):
+    entries = [("prefill", prefill, 1), ("decode", decode, want)]
+    if prefill_long is not None:
+        entries.append(("prefill_long", prefill_long, 1))
+    for name, module, n in entries:
         got = len(module.manifest.inputs)
         if got != n:
             raise ArtifactError(f"{folder!r}: {GENERATOR_FILE} describes a {meta['cache']} "
@@ -189,4 +200,9 @@ def read_description(folder: str) -> dict:
         raise ArtifactError(f"{path!r}: cache is {cache!r}, not one of {', '.join(CACHES)}",
                             stage="load")
     clean.update(eos=eos, pad=pad, cache=cache)
+    if meta.get("long_prompt_from") is not None:  # absent: one prefill for every prompt
+        clean["long_prompt_from"] = _int(meta, "long_prompt_from", 2)
+        if clean["long_prompt_from"] >= clean["max_length"]:
+            raise ArtifactError(f"{path!r}: long_prompt_from is {clean['long_prompt_from']}, "
+                                f"not below max_length {clean['max_length']}", stage="load")
     return clean

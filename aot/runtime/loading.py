@@ -79,16 +79,17 @@ def _generator(path, arrays, strict_layout, sha256, verify):
     """A folder ``CausalLMGenerator.save`` wrote (``aot.causal_lm``)."""
     if sha256 is not None or verify is not None:
         raise ArtifactError(f"{path!r} is a generator folder: pin or verify its files "
-                            "(prefill.aot, decode.aot) one by one",
+                            "(prefill.aot, decode.aot, prefill_long.aot) one by one",
                             stage="load")
     if arrays not in (None, "torch") or not _has_torch():
         raise ArtifactError(f"{path!r} is a generator folder: it runs with torch "
                             "(arrays='torch')", stage="load")
     meta = read_description(path)
-    prefill, decode = (load(os.path.join(path, f"{name}.aot"), strict_layout=strict_layout)
-                       for name in ("prefill", "decode"))
-    check_entry_points(prefill, decode, meta, path)
-    return CausalLMGenerator(prefill, decode, meta)
+    names = ["prefill", "decode"] + (["prefill_long"] if "long_prompt_from" in meta else [])
+    prefill, decode, *long = (load(os.path.join(path, f"{name}.aot"),
+                                   strict_layout=strict_layout) for name in names)
+    check_entry_points(prefill, decode, meta, path, *long)
+    return CausalLMGenerator(prefill, decode, meta, *long)
 
 
 def read_artifact(path: str, *, sha256: str | None = None, legacy: bool = True,

@@ -20,7 +20,7 @@ from aot.errors import AotError, ArtifactError, InputMismatch
 tf = pytest.importorskip("transformers")
 pytest.importorskip("transformers.integrations.executorch")
 
-MAX_LENGTH = 32
+MAX_LENGTH = 48  # past SHORT_PROMPT + 1: prompts of 33 or more go to the long prefill
 
 
 def _llama():
@@ -60,7 +60,7 @@ def _hf(model, ids, n):
                               attention_mask=torch.ones_like(ids))
 
 
-@pytest.mark.parametrize("prompt", [1, 5, 17])
+@pytest.mark.parametrize("prompt", [1, 5, 17, 40])
 def test_greedy_tokens_equal_hugging_face(compiled, prompt):
     name, model, gen = compiled
     ids = torch.randint(3, 256, (1, prompt), generator=torch.Generator().manual_seed(prompt))
@@ -81,6 +81,9 @@ def test_save_load_gives_the_same_generator(compiled, tmp_path):
     # two generators from one folder, and two calls of one, share no state
     assert torch.equal(other.generate(ids, max_new_tokens=10), want)
     assert torch.equal(again.generate(ids, max_new_tokens=10), want)
+    long = torch.randint(3, 256, (1, 36), generator=torch.Generator().manual_seed(2))
+    assert again.long_from == 33 and again.prefill_long is not None
+    assert torch.equal(again.generate(long, max_new_tokens=6), _hf(model, long, 6))
     # a description whose cache form does not match the artifacts is refused at load
     import json
     path = tmp_path / "lm" / "generator.json"
@@ -92,8 +95,8 @@ def test_save_load_gives_the_same_generator(compiled, tmp_path):
 
 def test_errors_name_what_was_wrong(compiled):
     _, _, gen = compiled
-    ids = torch.randint(3, 256, (1, 30))
-    with pytest.raises(InputMismatch, match="past max_length=32"):
+    ids = torch.randint(3, 256, (1, 46))
+    with pytest.raises(InputMismatch, match="past max_length=48"):
         gen.generate(ids, max_new_tokens=3)
     with pytest.raises(InputMismatch, match="compiled for 1"):
         gen.generate(torch.randint(3, 256, (2, 4)), max_new_tokens=3)
@@ -149,6 +152,8 @@ def test_what_cannot_be_served_is_refused_at_compile(tmp_path):
     assert read_description_of(tmp_path, meta)["cache"] == "dynamic"  # written before it
     with pytest.raises(ArtifactError, match="cache is 'paged'"):
         read_description_of(tmp_path, {**meta, "cache": "paged"})
+    with pytest.raises(ArtifactError, match="long_prompt_from is 8, not below max_length 8"):
+        read_description_of(tmp_path, {**meta, "long_prompt_from": 8})
 
 
 def read_description_of(tmp_path, meta):
