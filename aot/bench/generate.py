@@ -16,7 +16,8 @@ layers, hidden 512, 8 heads, 2 key/value heads, vocabulary 32000) and ``llama_ti
 Each system runs in its own worker process (thread pools of different systems slow each
 other in one process); the coordinator builds them one after another, then asks each in
 turn, round after round, for one timed ``generate`` of 1 new token (time to first token)
-and one of ``--new`` tokens. Decode tokens/s: ``(new - 1) / (t_new - t_first)``. Medians
+and one of ``--new`` tokens, after a 50 ms pause and one untimed call of 1 token (the
+threads of the system timed before may still spin from its last call). Decode tokens/s: ``(new - 1) / (t_new - t_first)``. Medians
 over the rounds; the tokens each system made are compared with eager's.
 """
 
@@ -82,6 +83,9 @@ def _worker(args) -> None:
 SYSTEMS = ("eager", "hf-static-compile", "aot")
 
 
+SETTLE_S = 0.05  # the pause before each system's calls in a round
+
+
 def run(model: str, prompt: int, new: int, rounds: int, systems, log=print) -> str:
     """The markdown table of one model's run (see the module docstring)."""
     if model not in MODELS:
@@ -107,10 +111,15 @@ def run(model: str, prompt: int, new: int, rounds: int, systems, log=print) -> s
         for r in range(rounds):
             order = systems[r % len(systems):] + systems[:r % len(systems)]
             for s in order:
-                for key, n in (("first", 1), ("all", new)):
+                # another system's threads may still spin from its last call: a pause,
+                # then one untimed call, before this one's timed ones
+                time.sleep(SETTLE_S)
+                for key, n in ((None, 1), ("first", 1), ("all", new)):
                     procs[s].stdin.write(f"{n}\n")
                     procs[s].stdin.flush()
-                    times[s][key].append(json.loads(procs[s].stdout.readline())["s"])
+                    took = json.loads(procs[s].stdout.readline())["s"]
+                    if key is not None:
+                        times[s][key].append(took)
     finally:
         for proc in procs.values():
             if proc.stdin:

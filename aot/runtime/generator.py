@@ -120,8 +120,18 @@ class CausalLMGenerator:
             json.dump(self.meta, f, indent=1)
 
     def report(self) -> str:
-        """Each entry point's report: what was compiled, what runs in ATen, and why."""
-        out = "== prefill ==\n" + self.prefill.report()
+        """Where each entry point's time goes (the candidate each runs as, and its
+        measured time a call), then each one's report: what was compiled, what runs
+        in ATen, and why."""
+        short = (self.long_from or self.max_length) - 1
+        entries = [(f"prefill, prompts of 1..{short} tokens", self.prefill)]
+        if self.prefill_long is not None:
+            entries.append((f"prefill, prompts of {self.long_from}..{self.max_length - 1} "
+                            "tokens", self.prefill_long))
+        entries.append(("decode, one token a step", self.decode))
+        out = "entry points (each measured on the machine that compiled it):\n" + "".join(
+            f"  {name}: {_runs_as(module)}\n" for name, module in entries)
+        out += "== prefill ==\n" + self.prefill.report()
         if self.prefill_long is not None:
             out += (f"\n== prefill of prompts of {self.long_from} tokens or more ==\n"
                     + self.prefill_long.report())
@@ -159,6 +169,20 @@ def static_cache(prompt: list, max_length: int, reuse: list | None = None) -> li
     for c, p in zip(reuse, prompt):
         c[:, :, :p.shape[2]].copy_(p)
     return reuse
+
+
+def _runs_as(module) -> str:
+    """The candidate a compiled module runs as, its time a call where measured."""
+    m = module.manifest
+    region = m.region or m.variant or {}
+    chosen = region.get("chosen")
+    calls = len(m.kernel_calls)
+    what = f"{chosen or 'per-op placement'}, {calls} kernel call(s) into ATen"
+    ms = (region.get("candidates_ms") or {}).get(chosen)
+    if ms is None:
+        return what + (f" ({region['source']})" if region.get("source") else "")
+    at = ", ".join(f"{e.get('name') or s}={e['example']}" for s, e in (m.symbols or {}).items())
+    return what + f", {ms:.2f} ms a call" + (f" at {at}" if at else "")
 
 
 def _describe(x) -> str:

@@ -84,6 +84,10 @@ def test_save_load_gives_the_same_generator(compiled, tmp_path):
     long = torch.randint(3, 256, (1, 36), generator=torch.Generator().manual_seed(2))
     assert again.long_from == 33 and again.prefill_long is not None
     assert torch.equal(again.generate(long, max_new_tokens=6), _hf(model, long, 6))
+    where = again.report().split("== prefill ==")[0]  # each entry point, what it runs as
+    assert "prefill, prompts of 1..32 tokens: " in where
+    assert "prefill, prompts of 33..47 tokens: aten-prepacked" in where
+    assert "decode, one token a step: " in where
     # a description whose cache form does not match the artifacts is refused at load
     import json
     path = tmp_path / "lm" / "generator.json"
