@@ -17,7 +17,8 @@ Each system runs in its own worker process (thread pools of different systems sl
 other in one process); the coordinator builds them one after another, then asks each in
 turn, round after round, for one timed ``generate`` of 1 new token (time to first token)
 and one of ``--new`` tokens, after a 50 ms pause and one untimed call of 1 token (the
-threads of the system timed before may still spin from its last call). Decode tokens/s: ``(new - 1) / (t_new - t_first)``. Medians
+threads of the system timed before may still spin from its last call). Decode tokens/s:
+``(new - 1) / (t_new - t_first)``. Medians
 over the rounds; the tokens each system made are compared with eager's.
 """
 
