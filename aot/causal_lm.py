@@ -230,12 +230,13 @@ def compile_causal_lm(model, compile_fn, *, max_length: int, batch_size: int = 1
     with torch.no_grad():
         _, *past = prefill_m(ids)
     short = min(max_length - 1, SHORT_PROMPT)
-    prefill = compile_fn(prefill_m, (ids[:, :short],),
-                         dynamic_shapes=({1: Dim("prompt", min=1, max=short)},), **compile_kwargs)
     prefill_long = None
     if max_length - 1 > short:
         prefill_long = _long_prefill(prefill_m, compile_fn, ids, short, max_length,
                                      example_length, compile_kwargs)
+    top = short if prefill_long is not None else max_length - 1
+    prefill = compile_fn(prefill_m, (ids[:, :top],),
+                         dynamic_shapes=({1: Dim("prompt", min=1, max=top)},), **compile_kwargs)
     last = ids[:, -1:].clone()
     decode = None
     if cache == "static":
@@ -260,30 +261,30 @@ def compile_causal_lm(model, compile_fn, *, max_length: int, batch_size: int = 1
 
 def _long_prefill(prefill_m, compile_fn, ids, short: int, max_length: int,
                   example_length: int, compile_kwargs):
-    """Prefill of prompts of ``short + 1`` to ``max_length - 1`` tokens: one ATen region
-    with prepacked weights (``aten-prepacked``) unless the caller pinned a plan or a
-    placement. IREE's code for a dynamic prompt length runs the attention several times
-    slower than ATen's past a few dozen tokens, and the placement race, timed at one
-    length, cannot see it: on a 2-vCPU Zen 4 ``llama_small``'s prefill of 512 tokens took
-    179 ms as IREE's dynamic program (``iree-tiled``), 83 ms as this region and 104 ms in
-    eager PyTorch (docs/generation.md)."""
+    """Prefill of prompts of ``short + 1`` to ``max_length - 1`` tokens as one ATen region
+    with prepacked weights (``aten-prepacked``); None where the caller pinned a plan or
+    a placement, or the program has no such region (a model too small to be measured):
+    then one prefill serves every length. IREE's code for a dynamic prompt length runs
+    the attention several times slower than ATen's past a few dozen tokens, and the
+    placement race, timed at one length, cannot see it: on a 2-vCPU Zen 4
+    ``llama_small``'s prefill of 512 tokens took 179 ms as IREE's dynamic program
+    (``iree-tiled``), 83 ms as this region and 104 ms in eager PyTorch
+    (docs/generation.md)."""
     from torch.export import Dim
 
+    from .errors import UnsupportedOp
+
+    if "plan" in compile_kwargs or compile_kwargs.get("placement", "auto") != "auto":
+        return None
     n = max(short + 1, min(example_length, max_length - 1))
     example = ids.repeat(1, -(-n // ids.shape[1]))[:, :n]
-    kwargs = dict(compile_kwargs)
-    if "plan" not in kwargs and kwargs.get("placement", "auto") == "auto":
-        kwargs["plan"] = _ATEN_REGION
     shapes = ({1: Dim("long_prompt", min=short + 1, max=max_length - 1)},)
     try:
-        return compile_fn(prefill_m, (example,), dynamic_shapes=shapes, **kwargs)
-    except AotError as e:
-        if kwargs.get("plan") is not _ATEN_REGION:
-            raise
-        log.info("no ATen region with prepacked weights for long prompts (%s): placed by "
-                 "measurement instead", e)
-        kwargs.pop("plan")
-        return compile_fn(prefill_m, (example,), dynamic_shapes=shapes, **kwargs)
+        return compile_fn(prefill_m, (example,), dynamic_shapes=shapes, plan=_ATEN_REGION,
+                          **compile_kwargs)
+    except UnsupportedOp as e:  # no such candidate here
+        log.info("one prefill for every prompt length: %s", e)
+        return None
 
 
 def _full_attention(cfg, max_length: int) -> None:
