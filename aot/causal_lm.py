@@ -264,12 +264,9 @@ def _long_prefill(prefill_m, compile_fn, ids, short: int, max_length: int,
     """Prefill of prompts of ``short + 1`` to ``max_length - 1`` tokens as one ATen region
     with prepacked weights (``aten-prepacked``); None where the caller pinned a plan or
     a placement, or the program has no such region (a model too small to be measured):
-    then one prefill serves every length. IREE's code for a dynamic prompt length runs
-    the attention several times slower than ATen's past a few dozen tokens, and the
-    placement race, timed at one length, cannot see it: on a 2-vCPU Zen 4
-    ``llama_small``'s prefill of 512 tokens took 179 ms as IREE's dynamic program
-    (``iree-tiled``), 83 ms as this region and 104 ms in eager PyTorch
-    (docs/generation.md)."""
+    then one prefill serves every length. IREE's code for a dynamic prompt length falls
+    behind ATen's as the prompt grows, and the placement race, timed at one length,
+    cannot see it (docs/generation.md, ``benchmarks/prefill_lengths.py``)."""
     from torch.export import Dim
 
     from .errors import UnsupportedOp

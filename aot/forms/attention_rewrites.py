@@ -9,7 +9,8 @@ additive mask or a boolean one (False: masked out, as ``-inf``); others keep the
 ``softmax(q k^T * scale + mask) v`` is the definition of the op, so the rewrite is
 exact up to summation order. A row masked out everywhere gives zeros, as eager's
 (its softmax is taken as all zeros, not ``0/0``); IREE's own attention op gives NaN
-there, so a masked attention is always rewritten.
+there, so a masked attention is always rewritten. Static and dynamic sizes alike (a
+dynamic batch or length: IREE's attention op on a dynamic length is slower still).
 """
 
 from __future__ import annotations
@@ -42,11 +43,10 @@ def _plan(n: torch.fx.Node) -> dict | None:
         return None
     if a.get("dropout_p", 0.0) or a.get("is_causal", False) or a.get("enable_gqa", False):
         return None
-    try:  # sizes that follow a dynamic dimension compare as the same symbol, or not
-        if q.shape[:-2] != k.shape[:-2] or k.shape[:-2] != v.shape[:-2] \
-                or q.shape[-1] != k.shape[-1] or not q.dtype.is_floating_point:
-            return None
-    except Exception:  # noqa: BLE001  (sizes torch cannot compare here: left as written)
+    # (sizes that follow a dynamic dimension compare as the same symbol, or not; a
+    # comparison torch cannot make raises, caught by ``attention_as_matmuls``)
+    if q.shape[:-2] != k.shape[:-2] or k.shape[:-2] != v.shape[:-2] \
+            or q.shape[-1] != k.shape[-1] or not q.dtype.is_floating_point:
         return None
     if a.get("attn_mask") is not None and (mask is None or not (
             mask.dtype.is_floating_point or mask.dtype == torch.bool)):
