@@ -1,12 +1,14 @@
 """One lever of the oneDNN-primitives candidate on and off, in one process, interleaved.
 
-    python benchmarks/primitive_levers.py --lever se|stem MODEL [MODEL ...]
+    python benchmarks/primitive_levers.py --lever se|stem|linear-as-conv MODEL [MODEL ...]
 
 Levers (module constants of ``aot/fallback/dnnl_program.py``):
 - ``se``: squeeze-excitation scales taken into the 1x1 projection's weights
   (``_WEIGHT_SCALE_COST``; off: the image is multiplied as before);
 - ``stem``: a small stem reading the NCHW image and writing oneDNN's layout, reordered
-  after (``_STEM_CHANNELS``; off: the image reordered to NHWC first).
+  after (``_STEM_CHANNELS``; off: the image reordered to NHWC first);
+- ``linear-as-conv``: a linear that oneDNN would run on its generic GEMM run as a 1x1
+  convolution over its rows (``_LINEAR_AS_CONV``; off: the matrix product).
 
 Each model (an ``aot bench`` model name) is compiled twice with the candidate pinned
 (``plan=``), once per setting; both programs are checked against eager, then called in
@@ -21,7 +23,8 @@ import argparse
 import statistics
 import time
 
-LEVERS = {"se": ("_WEIGHT_SCALE_COST", 10 ** 9), "stem": ("_STEM_CHANNELS", 0)}
+LEVERS = {"se": ("_WEIGHT_SCALE_COST", 10 ** 9), "stem": ("_STEM_CHANNELS", 0),
+          "linear-as-conv": ("_LINEAR_AS_CONV", ())}
 PLAN = {"format": 1, "program": None, "region": "aten-onednn-primitives", "candidates_ms": {}}
 
 
@@ -50,11 +53,11 @@ def main() -> None:
             want = model(*example)
             for label, value in (("on", on), ("off", off)):
                 setattr(dnnl_program, name, value)
-                try:
+                try:  # the program is built at the first call: made under the setting
                     cms[label] = aot.compile(model, example, plan=PLAN)
+                    got = cms[label](*example)
                 finally:
                     setattr(dnnl_program, name, on)
-                got = cms[label](*example)
                 err = max(err, float((got - want).abs().max() / want.abs().max()))
             for cm in cms.values():
                 for _ in range(3):

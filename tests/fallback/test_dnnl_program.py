@@ -461,3 +461,36 @@ def test_channel_scale_falls_back_to_the_product_when_the_weights_cannot_take_it
     _check(cm, m, make)
     graph = _group(cm)
     assert graph.failed is None and graph.program.n_scaled_weights == 0
+
+
+class Mlp(torch.nn.Module):
+    """Linears with a GELU, a residual add, a bias-like constant added after, a product
+    of a strided view and one of a transposed input (neither dense)."""
+
+    def __init__(self):
+        super().__init__()
+        self.up = torch.nn.Linear(32, 96)
+        self.down = torch.nn.Linear(96, 32)
+        self.out = torch.nn.Linear(32, 24, bias=False)
+        self.shift = torch.nn.Parameter(torch.randn(24))
+
+    def forward(self, x):
+        y = self.down(torch.nn.functional.gelu(self.up(x))) + x
+        return self.out(y) + self.shift, self.out(y[:, ::2]), self.up(x.transpose(0, 1))
+
+
+@pytest.mark.parametrize("replaced", [("",), ()], ids=["as-convolutions", "as-products"])
+def test_linears_run_as_1x1_convolutions_over_their_rows(monkeypatch, replaced):
+    # ("",): every linear whose operands allow it runs as a 1x1 convolution (on AVX2
+    # only those oneDNN would run on its generic GEMM do); (): none does
+    monkeypatch.setattr(dnnl_program, "_LINEAR_AS_CONV", replaced)
+    torch.manual_seed(9)
+    m = Mlp().eval()
+    make = lambda: (torch.randn(2, 7, 32),)  # noqa: E731
+    cm = _module(m, make())
+    _check(cm, m, make)
+    graph = _group(cm)
+    assert graph.failed is None
+    # up and down (GELU and the residual fused), out on the dense result (the constant
+    # added fused): three; the strided view and the transposed input stay products
+    assert graph.program.n_linears_as_conv == (3 if replaced else 0)
