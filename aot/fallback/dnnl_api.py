@@ -223,6 +223,12 @@ class Lib:
         return _Md(self, _V(self.d.dnnl_primitive_desc_query_md(pd, QUERY_DST_MD, 0)),
                    owned=False)
 
+    def clone(self, pd):
+        """A copy of the primitive descriptor ``pd`` (the caller destroys it)."""
+        out = _V()
+        self.check(self.d.dnnl_primitive_desc_clone(C.byref(out), pd), "copying a descriptor")
+        return out
+
     def implementation(self, pd) -> str:
         """The name of the kernel a primitive descriptor chose (``ref:any`` for oneDNN's
         reference code, ``brg:avx512_core``, ...)."""

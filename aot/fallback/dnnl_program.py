@@ -93,12 +93,17 @@ _WEIGHT_SCALE_COST = 16
 # 3 -> 32, the same for 3 -> 64 (a 7x7 kernel)
 _STEM_CHANNELS, _STEM_OUT = 4, 16
 # a linear whose matrix product oneDNN would run on its generic GEMM (``gemm:jit``: on
-# AVX2, oneDNN 3.2 has no packed matmul kernel) runs as a 1x1 convolution over its rows,
-# where oneDNN packs the weights (``brgconv_1x1``). Measured alone on a 2-core AMD Zen 3
-# (AVX2), against the matmul: 197x768x3072 8.2 ms against 14.7, 197x3072x768 7.8
-# against 9.0, 49x960x160 0.142 against 0.149 (torch's own oneDNN linear: 8.4, 8.6, 0.24);
-# ViT-B/16's program 329 ms against 574. The matmul implementations so replaced:
+# AVX2, oneDNN 3.2 has no packed matmul kernel) may run as a 1x1 convolution over its
+# rows, where oneDNN packs the weights (``brgconv_1x1``). Measured alone on a 2-core AMD
+# Zen 3 (AVX2), against the matmul: 197x768x3072 8.2 ms against 14.7, 197x3072x768 7.8
+# against 9.0, 49x960x160 0.142 against 0.149 (ViT-B/16's program 329 ms against 574);
+# but 128x3072x768 twice the matmul's time. So the two are timed on random data when the
+# program is built, once per shape and process (``_FORMS_TIMED``), and the faster kept.
+# The matmul implementations so tried:
 _LINEAR_AS_CONV = ("gemm",)
+_TIME_LINEAR_FORMS = True  # off: the convolution wherever oneDNN has a packed kernel
+_FORMS_TIMED: dict[tuple, bool] = {}  # (rows, in, out, bias, post-ops) -> conv faster
+_FORM_ROUNDS, _FORM_BLOCK_MS = 5, 5.0
 
 
 class _Node:
@@ -1224,7 +1229,26 @@ class _Builder:
         except D.DnnlError:
             lib.d.dnnl_primitive_attr_destroy(attr)
             return None
-        if not lib.implementation(cpd).startswith("brgconv"):
+        faster = lib.implementation(cpd).startswith("brgconv")
+        if faster and _TIME_LINEAR_FORMS:
+            key = (rows, k, nout, bias is not None,
+                   tuple(p[:2] + ((id(others[i]) in full,) if p[0] == "binary" else p[2:])
+                         for i, p in enumerate(specs)))
+            if key not in _FORMS_TIMED:
+                product = [(D.ARG_SRC, self.md_of_value(x)), (D.ARG_WEIGHTS, lib.weights_md(pd)),
+                           (D.ARG_DST, lib.md(shape, strides))]
+                conv = [(D.ARG_SRC, src_md), (D.ARG_WEIGHTS, lib.weights_md(cpd)),
+                        (D.ARG_DST, dst_md)]
+                if bias is not None:
+                    product.append((D.ARG_BIAS, lib.md([1] * (len(shape) - 1) + [nout],
+                                                       [nout] * (len(shape) - 1) + [1])))
+                    conv.append((D.ARG_BIAS, b_md))
+                for i, o in binaries:
+                    product.append((D.post_op_src1(i), self.md_of_value(o, len(shape))))
+                    conv.append((D.post_op_src1(i), binary_md(o)))
+                _FORMS_TIMED[key] = _faster(lib, [(cpd, conv), (pd, product)]) == 0
+            faster = _FORMS_TIMED[key]
+        if not faster:
             lib.d.dnnl_primitive_desc_destroy(cpd)
             lib.d.dnnl_primitive_attr_destroy(attr)
             return None
@@ -1464,6 +1488,30 @@ def _right_padding(tx, to, stride, kernel, dilation, pad) -> list[int]:
     than ``pad`` under ``ceil_mode``)."""
     return [(o - 1) * s + (k - 1) * d + 1 - i - p for o, s, k, d, i, p in zip(
         to.sizes()[2:], stride, kernel, dilation, tx.sizes()[2:], pad)]
+
+
+def _faster(lib: D.Lib, forms: list) -> int:
+    """The index of the fastest of ``forms``, each ``(pd, [(argument, md), ...])`` (the
+    primitive descriptor is left as it is), run on random data of their own, the forms
+    interleaved: the median of ``_FORM_ROUNDS`` blocks of about ``_FORM_BLOCK_MS``."""
+    from .. import timing
+
+    keep, runs = [], []
+    for pd, mds in forms:
+        clone = lib.clone(pd)
+        scratch = lib.scratchpad_md(pd)
+        args = []
+        for arg, md in mds + ([(D.ARG_SCRATCHPAD, scratch)] if scratch is not None
+                              and scratch.nbytes else []):
+            t = torch.rand(md.nbytes // 4 + 16) - 0.5
+            keep.append(t)
+            args.append((arg, D.Memory(lib, md, t.data_ptr())))
+        runs.append(D.Primitive(lib, clone, None, args, "a timed form").run)
+    once = max(min(timing.block(r, 1, warm_s=1e-9)[0] for r in runs), 1e-3)
+    calls = max(1, min(20, int(_FORM_BLOCK_MS / once)))
+    ms = timing.medians(timing.interleaved(dict(enumerate(runs)), _FORM_ROUNDS, calls,
+                                           warmup=1))
+    return min(ms, key=ms.get)
 
 
 def _primitive_step(lib: D.Lib, prim: D.Primitive, handles: list):
