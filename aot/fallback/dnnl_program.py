@@ -9,7 +9,9 @@ flat list of steps over numbered value slots:
   and a constant; batches broadcast), becomes one oneDNN primitive with the
   elementwise ops and binary ops that follow it (its only reader each time, the
   result's shape unchanged) fused as post-ops: an activation, a residual add, a scale,
-  a mask or bias added to attention scores;
+  a mask or bias added to attention scores (a linear whose product oneDNN would run on
+  its generic GEMM runs as a 1x1 convolution over its rows where that is timed
+  faster: ``_LINEAR_AS_CONV``);
 - ``scaled_dot_product_attention`` (no dropout; no mask, a causal one, a constant or a
   tensor mask) becomes three: the scaled scores with the mask fused, a softmax in
   place, the product with the values;
@@ -1061,7 +1063,7 @@ class _Builder:
                 w_md = lib.md_any([1] * (r - 2) + [k, nout])
                 b_md = None if bt is None else lib.md([1] * (r - 1) + [nout], [nout] * (r - 1) + [1])
                 pd = lib.matmul(src_md, w_md, b_md, dst_md, attr)
-                as_conv = self._linear_as_conv(pd, x, shape, strides, specs, binaries, bt)
+                as_conv = self._linear_as_conv(pd, x, shape, strides, specs, binaries, bt, b_md)
                 if as_conv is not None:  # one 1x1 convolution over the rows as pixels
                     lib.d.dnnl_primitive_desc_destroy(pd)
                     lib.d.dnnl_primitive_attr_destroy(attr)
@@ -1183,14 +1185,15 @@ class _Builder:
         self.memory(dst_md, slot, args, D.ARG_DST, handles)
         self._step(pd, attr, args, handles, what)
 
-    def _linear_as_conv(self, pd, x, shape, strides, specs, binaries, bias):
-        """For a linear whose matrix product oneDNN runs on its generic GEMM (no packed
-        kernel for this ISA: ``gemm:jit`` on AVX2 with oneDNN 3.2), the same product as
-        a 1x1 convolution over its rows taken as NHWC pixels, where oneDNN has a packed
-        (``brgconv``) kernel for that: ``(pd, attr, src_md, dst_md, bias_md,
-        binary_md)``, or None. The input and result must be dense and row-major, and
-        each post-op operand either the result's shape (laid out as it) or a row
-        broadcast along the others."""
+    def _linear_as_conv(self, pd, x, shape, strides, specs, binaries, bias, bias_md):
+        """For a linear whose matrix product (``pd``, its bias described by ``bias_md``)
+        oneDNN runs on its generic GEMM (no packed kernel for this ISA: ``gemm:jit`` on
+        AVX2 with oneDNN 3.2), the same product as a 1x1 convolution over its rows taken
+        as NHWC pixels, where oneDNN has a packed (``brgconv``) kernel for that and it
+        is timed faster: ``(pd, attr, src_md, dst_md, bias_md, binary_md)``, or None.
+        The input and result must be dense and row-major, and each post-op operand
+        either the result's shape (laid out as it) or a row broadcast along the
+        others."""
         lib = self.lib
         if not lib.implementation(pd).startswith(_LINEAR_AS_CONV) \
                 or strides != _dense(shape, range(len(shape))):
@@ -1240,8 +1243,7 @@ class _Builder:
                 conv = [(D.ARG_SRC, src_md), (D.ARG_WEIGHTS, lib.weights_md(cpd)),
                         (D.ARG_DST, dst_md)]
                 if bias is not None:
-                    product.append((D.ARG_BIAS, lib.md([1] * (len(shape) - 1) + [nout],
-                                                       [nout] * (len(shape) - 1) + [1])))
+                    product.append((D.ARG_BIAS, bias_md))
                     conv.append((D.ARG_BIAS, b_md))
                 for i, o in binaries:
                     product.append((D.post_op_src1(i), self.md_of_value(o, len(shape))))
