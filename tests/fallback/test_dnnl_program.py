@@ -479,18 +479,22 @@ class Mlp(torch.nn.Module):
         return self.out(y) + self.shift, self.out(y[:, ::2]), self.up(x.transpose(0, 1))
 
 
+def _checked_mlp(seed: int):
+    torch.manual_seed(seed)
+    m = Mlp().eval()
+    make = lambda: (torch.randn(2, 7, 32),)  # noqa: E731
+    cm = _module(m, make())
+    _check(cm, m, make)
+    return cm
+
+
 @pytest.mark.parametrize("replaced", [("",), ()], ids=["as-convolutions", "as-products"])
 def test_linears_run_as_1x1_convolutions_over_their_rows(monkeypatch, replaced):
     # ("",): every linear whose operands allow it runs as a 1x1 convolution (on AVX2
     # only those oneDNN would run on its generic GEMM do); (): none does
     monkeypatch.setattr(dnnl_program, "_LINEAR_AS_CONV", replaced)
     monkeypatch.setattr(dnnl_program, "_TIME_LINEAR_FORMS", False)
-    torch.manual_seed(9)
-    m = Mlp().eval()
-    make = lambda: (torch.randn(2, 7, 32),)  # noqa: E731
-    cm = _module(m, make())
-    _check(cm, m, make)
-    graph = _group(cm)
+    graph = _group(_checked_mlp(9))
     assert graph.failed is None
     # up and down (GELU and the residual fused), out on the dense result (the constant
     # added fused): three; the strided view and the transposed input stay products
@@ -509,18 +513,12 @@ def test_the_faster_linear_form_is_kept_once_timed(monkeypatch):
         return 1  # the product
 
     monkeypatch.setattr(dnnl_program, "_faster", slower_conv)
-    torch.manual_seed(10)
-    m = Mlp().eval()
-    make = lambda: (torch.randn(2, 7, 32),)  # noqa: E731
-    cm = _module(m, make())
-    _check(cm, m, make)
-    assert _group(cm).program.n_linears_as_conv == 0
+    assert _group(_checked_mlp(10)).program.n_linears_as_conv == 0
     assert len(picks) == 3  # up, down, out: three shapes (with their post-ops)
     # timed for real: either form gives eager's answer, and the choice is remembered
     monkeypatch.undo()
     monkeypatch.setattr(dnnl_program, "_LINEAR_AS_CONV", ("",))
     monkeypatch.setattr(dnnl_program, "_FORMS_TIMED", {})
-    cm = _module(m, make())
-    _check(cm, m, make)
+    cm = _checked_mlp(11)
     assert len(dnnl_program._FORMS_TIMED) == 3
     assert _group(cm).program.n_linears_as_conv == sum(dnnl_program._FORMS_TIMED.values())
