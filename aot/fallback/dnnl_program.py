@@ -1221,7 +1221,7 @@ class _Builder:
             if id(o) not in full and (size[-1] != nout or any(d != 1 for d in size[:-1])
                                       or self.strides_of(o)[-1] != 1):
                 return None
-        others = dict((i, o) for i, o in binaries)
+        others = dict(binaries)
         attr = D.post_ops(lib, [("binary", p[1], binary_md(others[i])) if p[0] == "binary"
                                 else p for i, p in enumerate(specs)])
         src_md, dst_md = pixels(k, rows), pixels(nout, rows)
