@@ -51,11 +51,13 @@ the caller then runs the group as it was.
 
 from __future__ import annotations
 
+import functools
 import threading
 
 import torch
 
 from . import dnnl_api as D
+from . import mkl_gemm
 
 __all__ = ["Program", "build"]
 
@@ -106,6 +108,14 @@ _LINEAR_AS_CONV = ("gemm",)
 _TIME_LINEAR_FORMS = True  # off: the convolution wherever oneDNN has a packed kernel
 _FORMS_TIMED: dict[tuple, bool] = {}  # (rows, in, out, bias, post-ops) -> conv faster
 _FORM_ROUNDS, _FORM_BLOCK_MS = 5, 5.0
+_FORM_WEIGHT_SET = 16 << 20  # bytes of distinct weights a timed form cycles through
+# a linear over its rows may run as MKL's packed GEMM (in torch's library:
+# ``mkl_gemm``) with its bias and post-ops as one primitive after it, where that is
+# timed faster than oneDNN's product, once per shape and process. On a 2-core Xeon with
+# AVX-512, twelve 197x768x3072 products with distinct weights: 2.36 ms against
+# oneDNN's 2.72 (ViT-B/16's MLP).
+_MKL_LINEARS = True
+_MKL_TIMED: dict[tuple, bool] = {}  # _form_key -> MKL faster
 
 
 class _Node:
@@ -210,6 +220,8 @@ class Program:
         self.n_fixed_views = 0  # view ops made once, at build time
         self.n_scaled_weights = 0  # 1x1 convolutions whose weights take a channel scale
         self.n_linears_as_conv = 0  # linears run as 1x1 convolutions (``_LINEAR_AS_CONV``)
+        self.n_mkl_linears = 0  # linears run as MKL's packed GEMM (``_MKL_LINEARS``)
+        self.n_linears_over_rows = 0  # linears described as one [rows, in] product
         self.kept_storage: set[int] = set()  # storages the program keeps from call to call
 
     def __call__(self, inputs):
@@ -1060,10 +1072,27 @@ class _Builder:
                 r = tx.dim()
                 nout, k = wt.shape
                 src_md = self.md_of_value(x)
+                rows = self._linear_rows(x, shape, strides, binaries)
+                if rows is not None:  # one [rows, k] x [k, nout] product
+                    n_rows, binary_md = rows
+                    src_md = lib.md([n_rows, k], [k, 1])
+                    dst_md = lib.md([n_rows, nout], [nout, 1])
+                    lib.d.dnnl_primitive_attr_destroy(attr)
+                    others = dict(binaries)
+                    attr = D.post_ops(lib, [("binary", p[1], binary_md(others[i]))
+                                            if p[0] == "binary" else p
+                                            for i, p in enumerate(specs)])
+                    r = 2
+                    self.p.n_linears_over_rows += 1
                 w_md = lib.md_any([1] * (r - 2) + [k, nout])
                 b_md = None if bt is None else lib.md([1] * (r - 1) + [nout], [nout] * (r - 1) + [1])
                 pd = lib.matmul(src_md, w_md, b_md, dst_md, attr)
-                as_conv = self._linear_as_conv(pd, x, shape, strides, specs, binaries, bt, b_md)
+                as_conv = None if rows is None else self._linear_as_conv(
+                    pd, n_rows, k, nout, specs, binaries, binary_md, bt, b_md, src_md, dst_md)
+                if as_conv is None and rows is not None and self._mkl_linear(
+                        pd, attr, x, wt, bt, n_rows, specs, binaries, binary_md, b_md, src_md,
+                        dst_md, slot):
+                    return
                 if as_conv is not None:  # one 1x1 convolution over the rows as pixels
                     lib.d.dnnl_primitive_desc_destroy(pd)
                     lib.d.dnnl_primitive_attr_destroy(attr)
@@ -1185,68 +1214,85 @@ class _Builder:
         self.memory(dst_md, slot, args, D.ARG_DST, handles)
         self._step(pd, attr, args, handles, what)
 
-    def _linear_as_conv(self, pd, x, shape, strides, specs, binaries, bias, bias_md):
-        """For a linear whose matrix product (``pd``, its bias described by ``bias_md``)
-        oneDNN runs on its generic GEMM (no packed kernel for this ISA: ``gemm:jit`` on
-        AVX2 with oneDNN 3.2), the same product as a 1x1 convolution over its rows taken
-        as NHWC pixels, where oneDNN has a packed (``brgconv``) kernel for that and it
-        is timed faster: ``(pd, attr, src_md, dst_md, bias_md, binary_md)``, or None.
-        The input and result must be dense and row-major, and each post-op operand
-        either the result's shape (laid out as it) or a row broadcast along the
-        others."""
-        lib = self.lib
-        if not lib.implementation(pd).startswith(_LINEAR_AS_CONV) \
-                or strides != _dense(shape, range(len(shape))):
+    def _linear_rows(self, x, shape, strides, binaries):
+        """A linear's product over its rows, ``(rows, binary_md)``, where its input and
+        result are dense and row-major and each post-op operand is either the result's
+        shape (laid out as it) or a row broadcast along the others; ``binary_md`` gives
+        an operand's ``[rows or 1, out]`` descriptor. Else None.
+
+        Described with its batch dimensions, oneDNN 3.2 runs a product as one per batch
+        element: torchvision's attention projects a ``197 x 1 x 768`` sequence as 197
+        products of one row (23 ms against 1.7 as one product of 197 rows, on a 2-core
+        Xeon with AVX-512)."""
+        if strides != _dense(shape, range(len(shape))):
             return None
         tx = self.tensor_type(x)
         if self.strides_of(x) != _dense(tuple(tx.sizes()), range(tx.dim())):
             return None
-        k, nout = tx.sizes()[-1], shape[-1]
+        nout = shape[-1]
         rows = 1
         for d in shape[:-1]:
             rows *= d
-
-        def pixels(channels, n):  # 1 x channels x n x 1, NHWC
-            return lib.md([1, channels, n, 1], [n * channels, 1, channels, channels])
-
         full = {id(o) for _, o in binaries
                 if tuple(self.tensor_type(o).sizes()) == tuple(shape)
                 and self.strides_of(o) == strides}
-
-        def binary_md(o):
-            return pixels(nout, rows if id(o) in full else 1)
-
         for _, o in binaries:
             size = tuple(self.tensor_type(o).sizes())
             if id(o) not in full and (size[-1] != nout or any(d != 1 for d in size[:-1])
                                       or self.strides_of(o)[-1] != 1):
                 return None
+
+        def binary_md(o):
+            n = rows if id(o) in full else 1
+            return self.lib.md([n, nout], [nout, 1])
+        return rows, binary_md
+
+    def _linear_as_conv(self, pd, rows, k, nout, specs, binaries, row_md, bias, bias_md,
+                        src_md, dst_md):
+        """For a linear run as a product over its rows (``pd`` on ``src_md`` and
+        ``dst_md``, its bias described by ``bias_md``, its post-op operands by
+        ``row_md``: ``_linear_rows``) that oneDNN runs on its generic GEMM (no packed
+        kernel for this ISA: ``gemm:jit`` on AVX2 with oneDNN 3.2), the same product as
+        a 1x1 convolution over the rows taken as NHWC pixels, where oneDNN has a packed
+        (``brgconv``) kernel for that and it is timed faster: ``(pd, attr, src_md,
+        dst_md, bias_md, binary_md)``, or None."""
+        lib = self.lib
+        if not lib.implementation(pd).startswith(_LINEAR_AS_CONV):
+            return None
+
+        def pixels(channels, n):  # 1 x channels x n x 1, NHWC
+            return lib.md([1, channels, n, 1], [n * channels, 1, channels, channels])
+
+        def n_rows(o):  # rows of a post-op operand: all of them, or one broadcast
+            return row_md(o).nbytes // 4 // nout
+
+        def binary_md(o):
+            return pixels(nout, n_rows(o))
+
         others = dict(binaries)
         attr = D.post_ops(lib, [("binary", p[1], binary_md(others[i])) if p[0] == "binary"
                                 else p for i, p in enumerate(specs)])
-        src_md, dst_md = pixels(k, rows), pixels(nout, rows)
+        c_src, c_dst = pixels(k, rows), pixels(nout, rows)
         b_md = None if bias is None else lib.md([nout], [1])
         try:
-            cpd = lib.convolution(src_md, lib.md_any([nout, k, 1, 1]), b_md, dst_md, [1, 1],
+            cpd = lib.convolution(c_src, lib.md_any([nout, k, 1, 1]), b_md, c_dst, [1, 1],
                                   [0, 0], [0, 0], [0, 0], attr)
         except D.DnnlError:
             lib.d.dnnl_primitive_attr_destroy(attr)
             return None
         faster = lib.implementation(cpd).startswith("brgconv")
         if faster and _TIME_LINEAR_FORMS:
-            key = (rows, k, nout, bias is not None,
-                   tuple(p[:2] + ((id(others[i]) in full,) if p[0] == "binary" else p[2:])
-                         for i, p in enumerate(specs)))
+            key = _form_key(rows, k, nout, bias, specs, lambda i: n_rows(others[i]))
             if key not in _FORMS_TIMED:
-                product = [(D.ARG_SRC, self.md_of_value(x)), (D.ARG_WEIGHTS, lib.weights_md(pd)),
-                           (D.ARG_DST, lib.md(shape, strides))]
-                conv = [(D.ARG_SRC, src_md), (D.ARG_WEIGHTS, lib.weights_md(cpd)),
-                        (D.ARG_DST, dst_md)]
+                product = [(D.ARG_SRC, src_md), (D.ARG_WEIGHTS, lib.weights_md(pd)),
+                           (D.ARG_DST, dst_md)]
+                conv = [(D.ARG_SRC, c_src), (D.ARG_WEIGHTS, lib.weights_md(cpd)),
+                        (D.ARG_DST, c_dst)]
                 if bias is not None:
                     product.append((D.ARG_BIAS, bias_md))
                     conv.append((D.ARG_BIAS, b_md))
                 for i, o in binaries:
-                    product.append((D.post_op_src1(i), self.md_of_value(o, len(shape))))
+                    product.append((D.post_op_src1(i), row_md(o)))
                     conv.append((D.post_op_src1(i), binary_md(o)))
                 _FORMS_TIMED[key] = _faster(lib, [(cpd, conv), (pd, product)]) == 0
             faster = _FORMS_TIMED[key]
@@ -1255,7 +1301,85 @@ class _Builder:
             lib.d.dnnl_primitive_attr_destroy(attr)
             return None
         self.p.n_linears_as_conv += 1
-        return cpd, attr, src_md, dst_md, b_md, binary_md
+        return cpd, attr, c_src, c_dst, b_md, binary_md
+
+    def _mkl_linear(self, pd, attr, x, w, bias, rows, specs, binaries, row_md, bias_md,
+                    src_md, dst_md, slot) -> bool:
+        """A linear over its rows (``_linear_rows``; ``pd`` its oneDNN product with
+        ``attr``) run as MKL's packed GEMM into ``slot``, then one primitive in place for
+        the bias and the post-ops, where that is timed faster than ``pd`` (once per
+        shape, post-ops and process: ``_MKL_TIMED``). True where so emitted (``pd`` and
+        ``attr`` destroyed), else False (both left as they are)."""
+        if not _MKL_LINEARS or not mkl_gemm.available():
+            return False
+        lib = self.lib
+        nout, k = w.shape
+        others = dict(binaries)
+        key = _form_key(rows, k, nout, bias, specs, lambda i: row_md(others[i]).nbytes)
+        if _MKL_TIMED.get(key) is False:
+            return False
+        packed = mkl_gemm.Packed(w, rows)
+        # the epilogue: the bias added as a broadcast row, the post-ops fused into it
+        # (with no bias, the first post-op is the primitive, the others fused)
+        ops = [("binary", D.BINARY["add"], None)] if bias is not None else []
+        ops += [("binary", p[1], row_md(others[i]), others[i]) if p[0] == "binary" else p
+                for i, p in enumerate(specs)]
+        epilogue, e_mds = None, []
+        if ops:
+            first, rest = ops[0], ops[1:]
+            eattr = D.post_ops(lib, [o[:3] if o[0] == "binary" else o for o in rest])
+            if first[0] == "eltwise":
+                epilogue = lib.eltwise(first[1], first[2], first[3], dst_md, dst_md, eattr)
+                e_mds.append((D.ARG_SRC, dst_md))
+            else:
+                src1_md = bias_md if bias is not None else first[2]
+                epilogue = lib.binary(first[1], dst_md, src1_md, dst_md, eattr)
+                e_mds += [(D.ARG_SRC, dst_md), (D.ARG_SRC_1, src1_md)]
+            e_mds.append((D.ARG_DST, dst_md))
+            e_mds += [(D.post_op_src1(i), o[2]) for i, o in enumerate(rest) if o[0] == "binary"]
+        if key not in _MKL_TIMED:
+            mds = [(D.ARG_SRC, src_md), (D.ARG_WEIGHTS, lib.weights_md(pd)), (D.ARG_DST, dst_md)]
+            if bias is not None:
+                mds.append((D.ARG_BIAS, bias_md))
+            mds += [(D.post_op_src1(i), row_md(o)) for i, o in binaries]
+            a, c = torch.rand(rows * k) - 0.5, torch.empty(rows * nout)
+            others_packed = [mkl_gemm.Packed(torch.rand(nout, k) - 0.5, rows)
+                             for _ in range(_copies(nout * k * 4) - 1)]
+            mkl_runs = [_cycle([functools.partial(q.product, a.data_ptr(), c.data_ptr())
+                                for q in [packed] + others_packed])]
+            if epilogue is not None:
+                mkl_runs.append(_timed_primitive(lib, epilogue, e_mds, [a, c]))
+            _MKL_TIMED[key] = _fastest([_timed_primitive(lib, pd, mds, []),
+                                        lambda runs=mkl_runs: [r() for r in runs]]) == 1
+            if not _MKL_TIMED[key]:
+                if epilogue is not None:
+                    lib.d.dnnl_primitive_desc_destroy(epilogue)
+                    lib.d.dnnl_primitive_attr_destroy(eattr)
+                return False
+        lib.d.dnnl_primitive_desc_destroy(pd)
+        lib.d.dnnl_primitive_attr_destroy(attr)
+        self._keep(packed.buf)
+        xs = self._slot(x)
+        step = _mkl_step(packed, xs, slot, self.p.env, self.dynamic)
+        self.p.steps.append(step)
+        self.p.n_mkl_linears += 1
+        what = f"a linear {tuple(self.tensor_type(x).sizes())} x {tuple(w.shape)}"
+        if epilogue is None:
+            return True
+        args, handles = [], []
+        self.memory(dst_md, slot, args, D.ARG_SRC, handles)
+        if bias is not None:
+            b = bias.detach().contiguous()
+            self._keep(b)
+            args.append((D.ARG_SRC_1, D.Memory(lib, bias_md, b.data_ptr())))
+        elif ops[0][0] == "binary":
+            self.memory(ops[0][2], self._slot(ops[0][3]), args, D.ARG_SRC_1, handles)
+        self.memory(dst_md, slot, args, D.ARG_DST, handles)
+        for i, o in enumerate(ops[1:]):
+            if o[0] == "binary":
+                self.memory(o[2], self._slot(o[3]), args, D.post_op_src1(i), handles)
+        self._step(epilogue, eattr, args, handles, f"the bias and post-ops of {what}")
+        return True
 
     def _step_then_reorder(self, pd, attr, args, handles, what, dst_md, slot) -> None:
         """The primitive writing a buffer of its own in the layout it chose, then a
@@ -1492,28 +1616,84 @@ def _right_padding(tx, to, stride, kernel, dilation, pad) -> list[int]:
         to.sizes()[2:], stride, kernel, dilation, tx.sizes()[2:], pad)]
 
 
-def _faster(lib: D.Lib, forms: list) -> int:
-    """The index of the fastest of ``forms``, each ``(pd, [(argument, md), ...])`` (the
-    primitive descriptor is left as it is), run on random data of their own, the forms
-    interleaved: the median of ``_FORM_ROUNDS`` blocks of about ``_FORM_BLOCK_MS``."""
-    from .. import timing
+def _form_key(rows, k, nout, bias, specs, binary_bytes) -> tuple:
+    """What a linear's timed form depends on: its shape, bias and post-ops (a binary
+    one's operand by its size: all the rows or one)."""
+    return (rows, k, nout, bias is not None,
+            tuple(p[:2] + ((binary_bytes(i),) if p[0] == "binary" else p[2:])
+                  for i, p in enumerate(specs)))
 
-    keep, runs = [], []
-    for pd, mds in forms:
-        clone = lib.clone(pd)
-        scratch = lib.scratchpad_md(pd)
+
+def _copies(weight_bytes: int) -> int:
+    """How many copies of a weight a timed form cycles through: in a model, each
+    weight comes from memory or the last-level cache, not from the core's own."""
+    return max(1, min(8, -(-_FORM_WEIGHT_SET // max(1, weight_bytes))))
+
+
+def _timed_primitive(lib: D.Lib, pd, mds: list, keep: list):
+    """A run of a clone of ``pd`` (left as it is) on random data of its own:
+    ``mds`` is ``[(argument, md), ...]``; the tensors made go to ``keep``. With
+    weights, each run takes the next of ``_copies`` sets of operands."""
+    w = [md.nbytes for arg, md in mds if arg == D.ARG_WEIGHTS]
+    scratch = lib.scratchpad_md(pd)
+    prims = []
+    for _ in range(_copies(w[0]) if w else 1):
         args = []
         for arg, md in mds + ([(D.ARG_SCRATCHPAD, scratch)] if scratch is not None
                               and scratch.nbytes else []):
             t = torch.rand(md.nbytes // 4 + 16) - 0.5
             keep.append(t)
             args.append((arg, D.Memory(lib, md, t.data_ptr())))
-        runs.append(D.Primitive(lib, clone, None, args, "a timed form").run)
+        prims.append(D.Primitive(lib, lib.clone(pd), None, args, "a timed form").run)
+    run = _cycle(prims)
+    return lambda: run(keep)
+
+
+def _cycle(runs: list):
+    """One callable running ``runs`` in turn, one per call (its arguments, if any,
+    ignored: what they hold stays alive as long as the callable does)."""
+    state = [0]
+
+    def run(*_keep):
+        i = state[0]
+        state[0] = (i + 1) % len(runs)
+        runs[i]()
+    return run
+
+
+def _faster(lib: D.Lib, forms: list) -> int:
+    """The index of the fastest of ``forms``, each ``(pd, [(argument, md), ...])`` (the
+    primitive descriptor is left as it is), run on random data of their own."""
+    keep: list = []
+    return _fastest([_timed_primitive(lib, pd, mds, keep) for pd, mds in forms])
+
+
+def _fastest(runs: list) -> int:
+    """The index of the fastest of ``runs`` (callables), interleaved: the median of
+    ``_FORM_ROUNDS`` blocks of about ``_FORM_BLOCK_MS``."""
+    from .. import timing
+
     once = max(min(timing.block(r, 1, warm_s=1e-9)[0] for r in runs), 1e-3)
     calls = max(1, min(20, int(_FORM_BLOCK_MS / once)))
     ms = timing.medians(timing.interleaved(dict(enumerate(runs)), _FORM_ROUNDS, calls,
                                            warmup=1))
     return min(ms, key=ms.get)
+
+
+def _mkl_step(packed, xs: int, os_: int, env: list, dynamic: set):
+    """A step running ``packed``'s product from slot ``xs`` into slot ``os_`` (a slot made
+    per call is read from the environment each call)."""
+    product = packed.product
+    if xs in dynamic or os_ in dynamic:
+        def step(env):
+            product(env[xs].data_ptr(), env[os_].data_ptr())
+    else:
+        x_ptr, o_ptr = env[xs].data_ptr(), env[os_].data_ptr()
+
+        def step(env):
+            product(x_ptr, o_ptr)
+    step.packed = packed
+    return step
 
 
 def _primitive_step(lib: D.Lib, prim: D.Primitive, handles: list):

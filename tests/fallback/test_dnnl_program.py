@@ -522,3 +522,70 @@ def test_the_faster_linear_form_is_kept_once_timed(monkeypatch):
     cm = _checked_mlp(11)
     assert len(dnnl_program._FORMS_TIMED) == 3
     assert _group(cm).program.n_linears_as_conv == sum(dnnl_program._FORMS_TIMED.values())
+
+
+class SequenceFirst(torch.nn.Module):
+    """Linears on a ``[length, 1, features]`` sequence (torchvision's attention takes its
+    input so): no bias with ReLU, a bias with a residual add, no bias and nothing after
+    (a group output)."""
+
+    def __init__(self):
+        super().__init__()
+        self.a = torch.nn.Linear(32, 96, bias=False)
+        self.b = torch.nn.Linear(96, 32)
+        self.c = torch.nn.Linear(32, 16, bias=False)
+
+    def forward(self, x):
+        return self.c(self.b(torch.relu(self.a(x))) + x)
+
+
+def _checked_sequence_first(seed: int):
+    torch.manual_seed(seed)
+    m = SequenceFirst().eval()
+    make = lambda: (torch.randn(9, 1, 32),)  # noqa: E731
+    cm = _module(m, make())
+    _check(cm, m, make)
+    return cm
+
+
+def test_a_linear_over_a_batch_runs_as_one_product_over_its_rows(monkeypatch):
+    # described with its batch dimensions, oneDNN 3.2 would run 9 products of one row
+    monkeypatch.setattr(dnnl_program, "_MKL_LINEARS", False)
+    monkeypatch.setattr(dnnl_program, "_LINEAR_AS_CONV", ())
+    program = _group(_checked_sequence_first(20)).program
+    assert program.n_linears_over_rows == 3 and program.n_mkl_linears == 0
+
+
+@pytest.mark.skipif(not dnnl_program.mkl_gemm.available(),
+                    reason="this torch build exports no MKL packed GEMM")
+@pytest.mark.parametrize("mkl", [True, False], ids=["mkl", "onednn"])
+@pytest.mark.parametrize("checked", [_checked_mlp, _checked_sequence_first],
+                         ids=["mlp", "sequence-first"])
+def test_linears_run_on_mkls_packed_gemm_where_timed_faster(monkeypatch, mkl, checked):
+    # the bias and post-ops after MKL's product: a bias with GELU, a bias with a residual
+    # add, a constant added with no bias, ReLU with no bias, nothing at all
+    monkeypatch.setattr(dnnl_program, "_LINEAR_AS_CONV", ())
+    monkeypatch.setattr(dnnl_program, "_MKL_TIMED", {})
+    timed = []
+
+    def fastest(runs):
+        timed.append(len(runs))
+        return 1 if mkl else 0
+    monkeypatch.setattr(dnnl_program, "_fastest", fastest)
+    program = _group(checked(21)).program
+    assert timed == [2, 2, 2]  # each of the three linears over rows: oneDNN, MKL
+    assert program.n_mkl_linears == (3 if mkl else 0)
+
+
+@pytest.mark.skipif(not dnnl_program.mkl_gemm.available(),
+                    reason="this torch build exports no MKL packed GEMM")
+def test_the_linear_form_timed_for_real_is_remembered(monkeypatch):
+    monkeypatch.setattr(dnnl_program, "_LINEAR_AS_CONV", ())
+    monkeypatch.setattr(dnnl_program, "_MKL_TIMED", {})
+    cm = _checked_sequence_first(22)
+    assert len(dnnl_program._MKL_TIMED) == 3
+    assert _group(cm).program.n_mkl_linears == sum(dnnl_program._MKL_TIMED.values())
+    calls = []
+    monkeypatch.setattr(dnnl_program, "_fastest", lambda runs: calls.append(runs) or 0)
+    _checked_sequence_first(23)  # the same shapes: not timed again
+    assert calls == []
