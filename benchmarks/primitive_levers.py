@@ -1,6 +1,6 @@
 """One lever of the oneDNN-primitives candidate on and off, in one process, interleaved.
 
-    python benchmarks/primitive_levers.py --lever se|stem|linear-as-conv MODEL [MODEL ...]
+    python benchmarks/primitive_levers.py --lever se|stem|linear-as-conv|mkl-linear MODEL [MODEL ...]
 
 Levers (module constants of ``aot/fallback/dnnl_program.py``):
 - ``se``: squeeze-excitation scales taken into the 1x1 projection's weights
@@ -8,7 +8,9 @@ Levers (module constants of ``aot/fallback/dnnl_program.py``):
 - ``stem``: a small stem reading the NCHW image and writing oneDNN's layout, reordered
   after (``_STEM_CHANNELS``; off: the image reordered to NHWC first);
 - ``linear-as-conv``: a linear that oneDNN would run on its generic GEMM run as a 1x1
-  convolution over its rows (``_LINEAR_AS_CONV``; off: the matrix product).
+  convolution over its rows (``_LINEAR_AS_CONV``; off: the matrix product);
+- ``mkl-linear``: a linear over its rows run as MKL's packed GEMM with its bias and
+  post-ops after it, where timed faster (``_MKL_LINEARS``; off: oneDNN's product).
 
 Each model (an ``aot bench`` model name) is compiled twice with the candidate pinned
 (``plan=``), once per setting; both programs are checked against eager, then called in
@@ -20,11 +22,17 @@ off / on (above 1: the lever is faster).
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
+import sys
 import time
 
+# this folder's kernels.py would shadow the ``kernels`` package transformers imports
+if sys.path and os.path.abspath(sys.path[0]) == os.path.dirname(os.path.abspath(__file__)):
+    del sys.path[0]
+
 LEVERS = {"se": ("_WEIGHT_SCALE_COST", 10 ** 9), "stem": ("_STEM_CHANNELS", 0),
-          "linear-as-conv": ("_LINEAR_AS_CONV", ())}
+          "linear-as-conv": ("_LINEAR_AS_CONV", ()), "mkl-linear": ("_MKL_LINEARS", False)}
 PLAN = {"format": 1, "program": None, "region": "aten-onednn-primitives", "candidates_ms": {}}
 
 

@@ -568,7 +568,7 @@ def test_linears_run_on_mkls_packed_gemm_where_timed_faster(monkeypatch, mkl, ch
     monkeypatch.setattr(dnnl_program, "_MKL_TIMED", {})
     timed = []
 
-    def fastest(runs):
+    def fastest(runs, handicaps=None):
         timed.append(len(runs))
         return 1 if mkl else 0
     monkeypatch.setattr(dnnl_program, "_fastest", fastest)
@@ -586,6 +586,6 @@ def test_the_linear_form_timed_for_real_is_remembered(monkeypatch):
     assert len(dnnl_program._MKL_TIMED) == 3
     assert _group(cm).program.n_mkl_linears == sum(dnnl_program._MKL_TIMED.values())
     calls = []
-    monkeypatch.setattr(dnnl_program, "_fastest", lambda runs: calls.append(runs) or 0)
+    monkeypatch.setattr(dnnl_program, "_fastest", lambda runs, *_: calls.append(runs) or 0)
     _checked_sequence_first(23)  # the same shapes: not timed again
     assert calls == []
