@@ -9,9 +9,11 @@ flat list of steps over numbered value slots:
   and a constant; batches broadcast), becomes one oneDNN primitive with the
   elementwise ops and binary ops that follow it (its only reader each time, the
   result's shape unchanged) fused as post-ops: an activation, a residual add, a scale,
-  a mask or bias added to attention scores (a linear whose product oneDNN would run on
-  its generic GEMM runs as a 1x1 convolution over its rows where that is timed
-  faster: ``_LINEAR_AS_CONV``);
+  a mask or bias added to attention scores (a linear on dense operands is one product
+  over its rows; where oneDNN would run it on its generic GEMM it runs as a 1x1
+  convolution over its rows where that is timed faster: ``_LINEAR_AS_CONV``; else as
+  MKL's packed GEMM with its bias and post-ops as one primitive after it, where that
+  is timed faster: ``_MKL_LINEARS``);
 - ``scaled_dot_product_attention`` (no dropout; no mask, a causal one, a constant or a
   tensor mask) becomes three: the scaled scores with the mask fused, a softmax in
   place, the product with the values;
