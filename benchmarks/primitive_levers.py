@@ -1,6 +1,6 @@
 """One lever of the oneDNN-primitives candidate on and off, in one process, interleaved.
 
-    python benchmarks/primitive_levers.py --lever se|stem|linear-as-conv|mkl-linear MODEL [MODEL ...]
+    python benchmarks/primitive_levers.py --lever se|stem|linear-as-conv|mkl-linear|swap-products MODEL [MODEL ...]
 
 Levers (module constants of ``aot/fallback/dnnl_program.py``):
 - ``se``: squeeze-excitation scales taken into the 1x1 projection's weights
@@ -10,7 +10,9 @@ Levers (module constants of ``aot/fallback/dnnl_program.py``):
 - ``linear-as-conv``: a linear that oneDNN would run on its generic GEMM run as a 1x1
   convolution over its rows (``_LINEAR_AS_CONV``; off: the matrix product);
 - ``mkl-linear``: a linear over its rows run as MKL's packed GEMM with its bias and
-  post-ops after it, where timed faster (``_MKL_LINEARS``; off: oneDNN's product).
+  post-ops after it, where timed faster (``_MKL_LINEARS``; off: oneDNN's product);
+- ``swap-products``: an RMS norm's per-row and per-feature products as one primitive,
+  the feature's first (``_SWAP_PRODUCTS``; off: two primitives).
 
 Each model (an ``aot bench`` model name) is compiled twice with the candidate pinned
 (``plan=``), once per setting; both programs are checked against eager, then called in
@@ -32,7 +34,8 @@ if sys.path and os.path.abspath(sys.path[0]) == os.path.dirname(os.path.abspath(
     del sys.path[0]
 
 LEVERS = {"se": ("_WEIGHT_SCALE_COST", 10 ** 9), "stem": ("_STEM_CHANNELS", 0),
-          "linear-as-conv": ("_LINEAR_AS_CONV", ()), "mkl-linear": ("_MKL_LINEARS", False)}
+          "linear-as-conv": ("_LINEAR_AS_CONV", ()), "mkl-linear": ("_MKL_LINEARS", False),
+          "swap-products": ("_SWAP_PRODUCTS", False)}
 PLAN = {"format": 1, "program": None, "region": "aten-onednn-primitives", "candidates_ms": {}}
 
 

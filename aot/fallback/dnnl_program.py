@@ -117,6 +117,9 @@ _FORM_WEIGHT_SET = 16 << 20  # bytes of distinct weights a timed form cycles thr
 # AVX-512, twelve 197x768x3072 products with distinct weights: 2.36 ms against
 # oneDNN's 2.72 (ViT-B/16's MLP).
 _MKL_LINEARS = True
+# x * a row's factor * a feature's, where oneDNN has only its reference kernel for the
+# two fused, is tried as x * the feature's * the row's (``_emit_or_split``)
+_SWAP_PRODUCTS = True
 # where the two are within this fraction of each other, oneDNN's product is kept: the
 # difference is in the timing's noise, and one primitive with its post-ops fused reads
 # its result once (DeiT-tiny and LeViT-128 ran 2-3% slower with MKL's products picked
@@ -519,6 +522,20 @@ class _Builder:
             self._emit_primitive(item)
             return
         except _Reference:
+            a, posts = item[2], item[3]
+            if _SWAP_PRODUCTS and a["kind"] == "binary" and a["alg"] == D.BINARY["mul"] \
+                    and len(posts) == 1 \
+                    and posts[0][:2] == ("binary", D.BINARY["mul"]):
+                # x * a row's factor * a feature's (an RMS norm's scaling): oneDNN 3.2
+                # has a kernel for the feature's product with the row's fused, not the
+                # other way round
+                try:
+                    self._emit_primitive(item[:2] + (
+                        dict(a, b=posts[0][2], reads=[a["a"], posts[0][2]]),
+                        [("binary", a["alg"], a["b"])]) + item[4:])
+                    return
+                except _Reference:
+                    pass
             if "scale" in item[2]:  # the product the weights were to take is made after all
                 self._unscale(item[1])
             if not item[6]:

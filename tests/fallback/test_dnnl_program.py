@@ -589,3 +589,33 @@ def test_the_linear_form_timed_for_real_is_remembered(monkeypatch):
     monkeypatch.setattr(dnnl_program, "_fastest", lambda runs, *_: calls.append(runs) or 0)
     _checked_sequence_first(23)  # the same shapes: not timed again
     assert calls == []
+
+
+class RmsNorm(torch.nn.Module):
+    """T5's and Llama's RMS norm between two linears: a mean of squares, its reciprocal
+    square root as a factor per row, then the weight per feature."""
+
+    def __init__(self):
+        super().__init__()
+        self.a, self.b = torch.nn.Linear(32, 48), torch.nn.Linear(48, 16)
+        self.weight = torch.nn.Parameter(torch.randn(48))
+
+    def forward(self, x):
+        h = self.a(x)
+        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + 1e-6)
+        return self.b(self.weight * h)
+
+
+@pytest.mark.parametrize("swap", [True, False], ids=["one-primitive", "two"])
+def test_an_rms_norms_two_products_run_as_one_primitive(monkeypatch, swap):
+    # oneDNN 3.2 has only reference code for the row's factor with the feature's fused
+    # after it, a kernel for the other order
+    monkeypatch.setattr(dnnl_program, "_SWAP_PRODUCTS", swap)
+    torch.manual_seed(25)
+    m = RmsNorm().eval()
+    # batch 1: with more, oneDNN has only reference code for either order
+    make = lambda: (torch.randn(1, 5, 32),)  # noqa: E731
+    cm = _module(m, make())
+    _check(cm, m, make)
+    whats = [s.prim.what for s in _group(cm).program.steps if hasattr(s, "prim")]
+    assert sum(w.startswith("aten::mul") for w in whats) == (1 if swap else 2)
