@@ -1261,6 +1261,8 @@ class _Builder:
         rows = 1
         for d in shape[:-1]:
             rows *= d
+        if not rows or not nout or not tx.sizes()[-1]:  # an empty product: as traced
+            return None
         full = {id(o) for _, o in binaries
                 if tuple(self.tensor_type(o).sizes()) == tuple(shape)
                 and self.strides_of(o) == strides}
