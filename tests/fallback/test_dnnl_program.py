@@ -479,13 +479,19 @@ class Mlp(torch.nn.Module):
         return self.out(y) + self.shift, self.out(y[:, ::2]), self.up(x.transpose(0, 1))
 
 
-def _checked_mlp(seed: int):
+def _checked(module, shape: tuple, seed: int):
+    """``module`` made with ``seed``, run as primitives on random inputs of ``shape``
+    and checked against eager."""
     torch.manual_seed(seed)
-    m = Mlp().eval()
-    make = lambda: (torch.randn(2, 7, 32),)  # noqa: E731
+    m = module().eval()
+    make = lambda: (torch.randn(*shape),)  # noqa: E731
     cm = _module(m, make())
     _check(cm, m, make)
     return cm
+
+
+def _checked_mlp(seed: int):
+    return _checked(Mlp, (2, 7, 32), seed)
 
 
 @pytest.mark.parametrize("replaced", [("",), ()], ids=["as-convolutions", "as-products"])
@@ -540,12 +546,7 @@ class SequenceFirst(torch.nn.Module):
 
 
 def _checked_sequence_first(seed: int):
-    torch.manual_seed(seed)
-    m = SequenceFirst().eval()
-    make = lambda: (torch.randn(9, 1, 32),)  # noqa: E731
-    cm = _module(m, make())
-    _check(cm, m, make)
-    return cm
+    return _checked(SequenceFirst, (9, 1, 32), seed)
 
 
 def test_a_linear_over_a_batch_runs_as_one_product_over_its_rows(monkeypatch):
@@ -611,11 +612,7 @@ def test_an_rms_norms_two_products_run_as_one_primitive(monkeypatch, swap):
     # oneDNN 3.2 has only reference code for the row's factor with the feature's fused
     # after it, a kernel for the other order
     monkeypatch.setattr(dnnl_program, "_SWAP_PRODUCTS", swap)
-    torch.manual_seed(25)
-    m = RmsNorm().eval()
     # batch 1: with more, oneDNN has only reference code for either order
-    make = lambda: (torch.randn(1, 5, 32),)  # noqa: E731
-    cm = _module(m, make())
-    _check(cm, m, make)
+    cm = _checked(RmsNorm, (1, 5, 32), 25)
     whats = [s.prim.what for s in _group(cm).program.steps if hasattr(s, "prim")]
     assert sum(w.startswith("aten::mul") for w in whats) == (1 if swap else 2)
