@@ -1367,6 +1367,10 @@ class _Builder:
                 e_mds += [(D.ARG_SRC, dst_md), (D.ARG_SRC_1, src1_md)]
             e_mds.append((D.ARG_DST, dst_md))
             e_mds += [(D.post_op_src1(i), o[2]) for i, o in enumerate(rest) if o[0] == "binary"]
+            if lib.implementation(epilogue).startswith("ref"):  # no kernel for it: as is
+                lib.d.dnnl_primitive_desc_destroy(epilogue)
+                lib.d.dnnl_primitive_attr_destroy(eattr)
+                return False
         if key not in _MKL_TIMED:
             mds = [(D.ARG_SRC, src_md), (D.ARG_WEIGHTS, lib.weights_md(pd)), (D.ARG_DST, dst_md)]
             if bias is not None:
