@@ -1102,24 +1102,25 @@ class _Builder:
                 src_md = self.md_of_value(x)
                 rows = self._linear_rows(x, shape, strides, binaries)
                 if rows is not None:  # one [rows, k] x [k, nout] product
-                    n_rows, binary_md = rows
+                    n_rows, rows_of = rows
+
+                    def rows_md(o):
+                        return lib.md([rows_of(o), nout], [nout, 1])
+                    binary_md = rows_md
                     src_md = lib.md([n_rows, k], [k, 1])
                     dst_md = lib.md([n_rows, nout], [nout, 1])
                     lib.d.dnnl_primitive_attr_destroy(attr)
-                    others = dict(binaries)
-                    attr = D.post_ops(lib, [("binary", p[1], binary_md(others[i]))
-                                            if p[0] == "binary" else p
-                                            for i, p in enumerate(specs)])
+                    attr = _post_ops_with(lib, specs, binaries, binary_md)
                     r = 2
                     self.p.n_linears_over_rows += 1
                 w_md = lib.md_any([1] * (r - 2) + [k, nout])
                 b_md = None if bt is None else lib.md([1] * (r - 1) + [nout], [nout] * (r - 1) + [1])
                 pd = lib.matmul(src_md, w_md, b_md, dst_md, attr)
                 as_conv = None if rows is None else self._linear_as_conv(
-                    pd, n_rows, k, nout, specs, binaries, binary_md, bt, b_md, src_md, dst_md)
+                    pd, n_rows, k, nout, specs, binaries, rows_of, bt, b_md, src_md, dst_md)
                 if as_conv is None and rows is not None and self._mkl_linear(
                         pd, attr, x, wt, bt, n_rows, specs, binaries, binary_md, b_md, src_md,
-                        dst_md, slot):
+                        dst_md, slot, rows_of):
                     return
                 if as_conv is not None:  # one 1x1 convolution over the rows as pixels
                     lib.d.dnnl_primitive_desc_destroy(pd)
@@ -1243,10 +1244,10 @@ class _Builder:
         self._step(pd, attr, args, handles, what)
 
     def _linear_rows(self, x, shape, strides, binaries):
-        """A linear's product over its rows, ``(rows, binary_md)``, where its input and
+        """A linear's product over its rows, ``(rows, rows_of)``, where its input and
         result are dense and row-major and each post-op operand is either the result's
-        shape (laid out as it) or a row broadcast along the others; ``binary_md`` gives
-        an operand's ``[rows or 1, out]`` descriptor. Else None.
+        shape (laid out as it) or a row broadcast along the others; ``rows_of`` gives an
+        operand's rows (all of them, or the one broadcast). Else None.
 
         Described with its batch dimensions, oneDNN 3.2 runs a product as one per batch
         element: torchvision's attention projects a ``197 x 1 x 768`` sequence as 197
@@ -1272,16 +1273,13 @@ class _Builder:
                                       or self.strides_of(o)[-1] != 1):
                 return None
 
-        def binary_md(o):
-            n = rows if id(o) in full else 1
-            return self.lib.md([n, nout], [nout, 1])
-        return rows, binary_md
+        return rows, lambda o: rows if id(o) in full else 1
 
-    def _linear_as_conv(self, pd, rows, k, nout, specs, binaries, row_md, bias, bias_md,
+    def _linear_as_conv(self, pd, rows, k, nout, specs, binaries, rows_of, bias, bias_md,
                         src_md, dst_md):
         """For a linear run as a product over its rows (``pd`` on ``src_md`` and
-        ``dst_md``, its bias described by ``bias_md``, its post-op operands by
-        ``row_md``: ``_linear_rows``) that oneDNN runs on its generic GEMM (no packed
+        ``dst_md``, its bias described by ``bias_md``, its post-op operands' rows given
+        by ``rows_of``: ``_linear_rows``) that oneDNN runs on its generic GEMM (no packed
         kernel for this ISA: ``gemm:jit`` on AVX2 with oneDNN 3.2), the same product as
         a 1x1 convolution over the rows taken as NHWC pixels, where oneDNN has a packed
         (``brgconv``) kernel for that and it is timed faster: ``(pd, attr, src_md,
@@ -1293,15 +1291,14 @@ class _Builder:
         def pixels(channels, n):  # 1 x channels x n x 1, NHWC
             return lib.md([1, channels, n, 1], [n * channels, 1, channels, channels])
 
-        def n_rows(o):  # rows of a post-op operand: all of them, or one broadcast
-            return row_md(o).nbytes // 4 // nout
-
         def binary_md(o):
-            return pixels(nout, n_rows(o))
+            return pixels(nout, rows_of(o))
+
+        def row_md(o):
+            return lib.md([rows_of(o), nout], [nout, 1])
 
         others = dict(binaries)
-        attr = D.post_ops(lib, [("binary", p[1], binary_md(others[i])) if p[0] == "binary"
-                                else p for i, p in enumerate(specs)])
+        attr = _post_ops_with(lib, specs, binaries, binary_md)
         c_src, c_dst = pixels(k, rows), pixels(nout, rows)
         b_md = None if bias is None else lib.md([nout], [1])
         try:
@@ -1312,7 +1309,7 @@ class _Builder:
             return None
         faster = lib.implementation(cpd).startswith("brgconv")
         if faster and _TIME_LINEAR_FORMS:
-            key = _form_key(rows, k, nout, bias, specs, lambda i: n_rows(others[i]))
+            key = _form_key(rows, k, nout, bias, specs, lambda i: rows_of(others[i]))
             if key not in _FORMS_TIMED:
                 product = [(D.ARG_SRC, src_md), (D.ARG_WEIGHTS, lib.weights_md(pd)),
                            (D.ARG_DST, dst_md)]
@@ -1334,7 +1331,7 @@ class _Builder:
         return cpd, attr, c_src, c_dst, b_md, binary_md
 
     def _mkl_linear(self, pd, attr, x, w, bias, rows, specs, binaries, row_md, bias_md,
-                    src_md, dst_md, slot) -> bool:
+                    src_md, dst_md, slot, rows_of) -> bool:
         """A linear over its rows (``_linear_rows``; ``pd`` its oneDNN product with
         ``attr``) run as MKL's packed GEMM into ``slot``, then one primitive in place for
         the bias and the post-ops, where that is timed faster than ``pd`` (once per
@@ -1345,10 +1342,9 @@ class _Builder:
         lib = self.lib
         nout, k = w.shape
         others = dict(binaries)
-        key = _form_key(rows, k, nout, bias, specs, lambda i: row_md(others[i]).nbytes)
+        key = _form_key(rows, k, nout, bias, specs, lambda i: rows_of(others[i]))
         if _MKL_TIMED.get(key) is False:
             return False
-        packed = mkl_gemm.Packed(w, rows)
         # the epilogue: the bias added as a broadcast row, the post-ops fused into it
         # (with no bias, the first post-op is the primitive, the others fused)
         ops = [("binary", D.BINARY["add"], None)] if bias is not None else []
@@ -1371,6 +1367,7 @@ class _Builder:
                 lib.d.dnnl_primitive_desc_destroy(epilogue)
                 lib.d.dnnl_primitive_attr_destroy(eattr)
                 return False
+        packed = mkl_gemm.Packed(w, rows)
         if key not in _MKL_TIMED:
             mds = [(D.ARG_SRC, src_md), (D.ARG_WEIGHTS, lib.weights_md(pd)), (D.ARG_DST, dst_md)]
             if bias is not None:
@@ -1651,11 +1648,19 @@ def _right_padding(tx, to, stride, kernel, dilation, pad) -> list[int]:
         to.sizes()[2:], stride, kernel, dilation, tx.sizes()[2:], pad)]
 
 
-def _form_key(rows, k, nout, bias, specs, binary_bytes) -> tuple:
+def _post_ops_with(lib: D.Lib, specs: list, binaries: list, md_of):
+    """An attribute with post-ops ``specs``, each binary one's operand (``binaries``:
+    ``(index, value)``) described by ``md_of(value)``."""
+    others = dict(binaries)
+    return D.post_ops(lib, [("binary", p[1], md_of(others[i])) if p[0] == "binary" else p
+                            for i, p in enumerate(specs)])
+
+
+def _form_key(rows, k, nout, bias, specs, operand_rows) -> tuple:
     """What a linear's timed form depends on: its shape, bias and post-ops (a binary
-    one's operand by its size: all the rows or one)."""
+    one's operand by its rows: all of them or one)."""
     return (rows, k, nout, bias is not None,
-            tuple(p[:2] + ((binary_bytes(i),) if p[0] == "binary" else p[2:])
+            tuple(p[:2] + ((operand_rows(i),) if p[0] == "binary" else p[2:])
                   for i, p in enumerate(specs)))
 
 
@@ -1687,15 +1692,15 @@ def _timed_primitive(lib: D.Lib, pd, mds: list, keep: list):
             args.append((arg, D.Memory(lib, md, t.data_ptr())))
         prims.append(D.Primitive(lib, lib.clone(pd), None, args, "a timed form").run)
     run = _cycle(prims)
-    return lambda: run(keep)
+    run.keep = keep  # the operands' tensors live as long as the run
+    return run
 
 
 def _cycle(runs: list):
-    """One callable running ``runs`` in turn, one per call (its arguments, if any,
-    ignored: what they hold stays alive as long as the callable does)."""
+    """One callable running ``runs`` in turn, one per call."""
     state = [0]
 
-    def run(*_keep):
+    def run():
         i = state[0]
         state[0] = (i + 1) % len(runs)
         runs[i]()
