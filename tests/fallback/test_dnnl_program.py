@@ -5,6 +5,7 @@ Tolerance: oneDNN sums in its own order, so values differ from eager's by float 
 (rtol 1e-4, atol 1e-5 on these small networks)."""
 
 import os
+import re
 import threading
 
 import pytest
@@ -12,7 +13,7 @@ import torch
 
 import aot
 from aot.errors import ArtifactError
-from aot.fallback import dnnl_api, dnnl_program
+from aot.fallback import dnnl_api, dnnl_program, native_loop
 from aot.fallback.executor import ExecOptions
 from aot.runtime.module import CompiledModule
 from aot.tuning.regions import _with_executor, aten_candidates
@@ -425,7 +426,7 @@ class SqueezeExcite(torch.nn.Module):
 
 
 def _steps(prog, words):
-    return [s.prim.what for s in prog.steps if hasattr(s, "prim") and words in s.prim.what]
+    return [p.what for p in prog.primitives() if words in p.what]
 
 
 def test_channel_scale_goes_into_the_projection_weights_at_batch_one():
@@ -614,5 +615,68 @@ def test_an_rms_norms_two_products_run_as_one_primitive(monkeypatch, swap):
     monkeypatch.setattr(dnnl_program, "_SWAP_PRODUCTS", swap)
     # batch 1: with more, oneDNN has only reference code for either order
     cm = _checked(RmsNorm, (1, 5, 32), 25)
-    whats = [s.prim.what for s in _group(cm).program.steps if hasattr(s, "prim")]
+    whats = [p.what for p in _group(cm).program.primitives()]
     assert sum(w.startswith("aten::mul") for w in whats) == (1 if swap else 2)
+
+
+# a stretch of primitives run by one C loop (``native_loop``): the very primitives the
+# one-by-one steps run, in the same order, on the same buffers, so bit-identical
+needs_loop = pytest.mark.skipif(not native_loop.available(),
+                                reason="no C compiler here to build the primitive loop")
+
+
+def _net_program(monkeypatch, loop: bool):
+    monkeypatch.setattr(dnnl_program, "_NATIVE_LOOP", loop)
+    torch.manual_seed(3)
+    m = Net().eval()
+    x = torch.randn(1, 3, 32, 32)
+    cm = _module(m, (x,))
+    with torch.no_grad():
+        cm(x)  # the program is built at the first call: here, under the setting
+    return m, cm
+
+
+@needs_loop
+def test_a_stretch_of_primitives_runs_as_one_loop_bit_identical(monkeypatch):
+    m, looped = _net_program(monkeypatch, True)
+    _, single = _net_program(monkeypatch, False)
+    with torch.no_grad():
+        for seed in range(3):
+            torch.manual_seed(100 + seed)
+            x = torch.randn(1, 3, 32, 32)
+            got, one, ref = looped(x), single(x), m(x)
+            for g, o, r in zip(got, one, ref):
+                torch.testing.assert_close(g, o, rtol=0, atol=0)
+                torch.testing.assert_close(g, r, rtol=1e-4, atol=1e-5)
+    a, b = _group(looped).program, _group(single).program
+    assert a.n_runs >= 1 and b.n_runs == 0
+    assert len(a.steps) < len(b.steps)
+    assert [p.what for p in a.primitives()] == [p.what for p in b.primitives()]
+    # the primitives reading the input or writing a result stay steps of their own
+    assert any(getattr(s, "fixed", None) is None and hasattr(s, "prim") for s in a.steps)
+
+
+@needs_loop
+def test_a_failing_primitive_in_the_loop_is_named(monkeypatch):
+    _, cm = _net_program(monkeypatch, True)
+    run = next(s for s in _group(cm).program.steps if isinstance(s, native_loop.Run))
+    assert len(run.prims) >= 2
+    run._handles[1] = None  # oneDNN refuses a null primitive: invalid arguments
+    with pytest.raises(dnnl_api.DnnlError, match=re.escape(f"running {run.prims[1].what}")):
+        run(None)
+
+
+def test_without_a_compiler_the_loop_is_not_available(monkeypatch):
+    monkeypatch.setenv("CC", "/nonexistent/cc")
+    assert native_loop._loop.__wrapped__() is None
+
+
+def test_without_the_loop_the_program_calls_primitives_one_by_one(monkeypatch):
+    monkeypatch.setattr(native_loop, "available", lambda: False)
+    m, cm = _net_program(monkeypatch, True)
+    prog = _group(cm).program
+    assert prog.n_runs == 0 and all(not isinstance(s, native_loop.Run) for s in prog.steps)
+    with torch.no_grad():
+        x = torch.randn(1, 3, 32, 32)
+        for g, r in zip(cm(x), m(x)):
+            torch.testing.assert_close(g, r, rtol=1e-4, atol=1e-5)

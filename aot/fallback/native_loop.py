@@ -1,0 +1,103 @@
+"""A run of oneDNN primitives executed by one C loop instead of one ctypes call each.
+
+A primitive step called from Python costs 1.5-2 us of host time over the primitive
+itself (the loop, the closure, ctypes' argument conversion): 0.17 ms of
+EfficientNet-B0's 115 primitives, 0.9 ms of MobileBERT's 457. ``Run(lib, prims)``
+executes primitives whose memory objects point at fixed buffers (no handle is set
+per call) with one call into a loop of a few lines of C.
+
+The loop is compiled once per process by the system C compiler (``$CC``, else
+``cc``) into a private temporary folder and loaded from there: nothing is read from a
+cache or an artifact. Where no compiler works, ``available()`` is false and the
+program calls its primitives one by one, as it would without this module.
+"""
+
+from __future__ import annotations
+
+import ctypes as C
+import functools
+import logging
+import os
+import shutil
+import subprocess
+import tempfile
+
+from . import dnnl_api as D
+
+__all__ = ["available", "Run"]
+
+log = logging.getLogger(__name__)
+
+_SOURCE = r"""
+typedef int (*execute_t)(void *primitive, void *stream, int nargs, const void *args);
+
+/* Executes primitives[0..n) in order; at the first failure its index is returned and
+   its status stored; -1 when all succeeded. */
+int aot_run_primitives(execute_t execute, void *stream, int n, void *const *primitives,
+                       const int *nargs, const void *const *args, int *status) {
+    for (int i = 0; i < n; ++i) {
+        int s = execute(primitives[i], stream, nargs[i], args[i]);
+        if (s != 0) {
+            *status = s;
+            return i;
+        }
+    }
+    return -1;
+}
+"""
+
+
+@functools.cache
+def _loop():
+    """The compiled loop (a ctypes function), or None where it cannot be built."""
+    cc = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
+    if not cc:
+        log.info("no C compiler found: oneDNN primitives are called one by one")
+        return None
+    with tempfile.TemporaryDirectory(prefix="aot-loop-") as tmp:
+        src, lib = os.path.join(tmp, "loop.c"), os.path.join(tmp, "loop.so")
+        with open(src, "w") as f:
+            f.write(_SOURCE)
+        try:
+            subprocess.run([cc, "-O2", "-shared", "-fPIC", "-o", lib, src], check=True,
+                           capture_output=True, timeout=120)
+            fn = C.CDLL(lib).aot_run_primitives  # mapped: the folder may go
+        except (OSError, subprocess.SubprocessError, AttributeError) as e:
+            log.info("the primitive loop did not compile with %s (%s): oneDNN primitives "
+                     "are called one by one", cc, e)
+            return None
+    fn.restype = C.c_int
+    fn.argtypes = [C.c_void_p, C.c_void_p, C.c_int, C.c_void_p, C.c_void_p, C.c_void_p,
+                   C.c_void_p]
+    return fn
+
+
+def available() -> bool:
+    """The loop compiled in this process."""
+    return _loop() is not None
+
+
+class Run:
+    """``prims`` (``dnnl_api.Primitive``, their memory at fixed addresses) executed in
+    order by one call: ``run(env)`` (the program's slots, unused) is a program step."""
+
+    def __init__(self, lib: D.Lib, prims: list):
+        loop = _loop()
+        if loop is None:
+            raise ValueError("the primitive loop is not available in this process")
+        n = len(prims)
+        self.prims = prims  # keeps the primitives and their memory objects alive
+        self._handles = (C.c_void_p * n)(*[p.h.value for p in prims])
+        self._nargs = (C.c_int * n)(*[p.n for p in prims])
+        self._args = (C.c_void_p * n)(*[C.addressof(p.args) for p in prims])
+        self._status = C.c_int(0)
+        execute = C.cast(lib.execute, C.c_void_p)
+        call = (loop, execute, lib.stream, n, self._handles, self._nargs, self._args,
+                C.byref(self._status))
+        self._call = functools.partial(*call)
+
+    def __call__(self, env) -> None:
+        failed = self._call()
+        if failed >= 0:
+            raise D.DnnlError(f"oneDNN failed running {self.prims[failed].what} "
+                              f"(status {self._status.value})")
