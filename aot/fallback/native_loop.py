@@ -6,27 +6,20 @@ EfficientNet-B0's 115 primitives, 0.9 ms of MobileBERT's 457. ``Run(lib, prims)`
 executes primitives whose memory objects point at fixed buffers (no handle is set
 per call) with one call into a loop of a few lines of C.
 
-The loop is compiled once per process by the system C compiler (``$CC``, else
-``cc``) into a private temporary folder and loaded from there: nothing is read from a
-cache or an artifact. Where no compiler works, ``available()`` is false and the
-program calls its primitives one by one, as it would without this module.
+The loop is compiled once per process (``c_compiler``). Where no compiler works,
+``available()`` is false and the program calls its primitives one by one, as it
+would without this module.
 """
 
 from __future__ import annotations
 
 import ctypes as C
 import functools
-import logging
-import os
-import shutil
-import subprocess
-import tempfile
 
+from . import c_compiler
 from . import dnnl_api as D
 
 __all__ = ["available", "Run"]
-
-log = logging.getLogger(__name__)
 
 _SOURCE = r"""
 typedef int (*execute_t)(void *primitive, void *stream, int nargs, const void *args);
@@ -50,22 +43,10 @@ int aot_run_primitives(execute_t execute, void *stream, int n, void *const *prim
 @functools.cache
 def _loop():
     """The compiled loop (a ctypes function), or None where it cannot be built."""
-    cc = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
-    if not cc:
-        log.info("no C compiler found: oneDNN primitives are called one by one")
+    lib = c_compiler.load(_SOURCE, ["-O2"], "the primitive loop")
+    fn = getattr(lib, "aot_run_primitives", None)
+    if fn is None:
         return None
-    with tempfile.TemporaryDirectory(prefix="aot-loop-") as tmp:
-        src, lib = os.path.join(tmp, "loop.c"), os.path.join(tmp, "loop.so")
-        with open(src, "w") as f:
-            f.write(_SOURCE)
-        try:
-            subprocess.run([cc, "-O2", "-shared", "-fPIC", "-o", lib, src], check=True,
-                           capture_output=True, timeout=120)
-            fn = C.CDLL(lib).aot_run_primitives  # mapped: the folder may go
-        except (OSError, subprocess.SubprocessError, AttributeError) as e:
-            log.info("the primitive loop did not compile with %s (%s): oneDNN primitives "
-                     "are called one by one", cc, e)
-            return None
     fn.restype = C.c_int
     fn.argtypes = [C.c_void_p, C.c_void_p, C.c_int, C.c_void_p, C.c_void_p, C.c_void_p,
                    C.c_void_p]

@@ -63,7 +63,7 @@ def _group(cm):
     return cm.host.functions[cm.manifest["kernel_calls"][0]["key"]].graph
 
 
-def _check(cm, m, make, calls=3):
+def _check(cm, m, make, calls=3, tol=TOL):
     with torch.no_grad():
         for _ in range(calls):
             xs = make()
@@ -71,7 +71,7 @@ def _check(cm, m, make, calls=3):
             got = got if isinstance(got, (tuple, list)) else (got,)
             ref = ref if isinstance(ref, (tuple, list)) else (ref,)
             for g, r in zip(got, ref):
-                torch.testing.assert_close(g, r, **TOL)
+                torch.testing.assert_close(g, r, **tol)
 
 
 def test_group_runs_as_primitives_and_matches_eager():
@@ -480,14 +480,14 @@ class Mlp(torch.nn.Module):
         return self.out(y) + self.shift, self.out(y[:, ::2]), self.up(x.transpose(0, 1))
 
 
-def _checked(module, shape: tuple, seed: int):
+def _checked(module, shape: tuple, seed: int, tol=TOL):
     """``module`` made with ``seed``, run as primitives on random inputs of ``shape``
     and checked against eager."""
     torch.manual_seed(seed)
     m = module().eval()
     make = lambda: (torch.randn(*shape),)  # noqa: E731
     cm = _module(m, make())
-    _check(cm, m, make)
+    _check(cm, m, make, tol=tol)
     return cm
 
 
@@ -680,3 +680,71 @@ def test_without_the_loop_the_program_calls_primitives_one_by_one(monkeypatch):
         x = torch.randn(1, 3, 32, 32)
         for g, r in zip(cm(x), m(x)):
             torch.testing.assert_close(g, r, rtol=1e-4, atol=1e-5)
+
+
+class BasicBlocks(torch.nn.Module):
+    """Two ResNet basic blocks: 3x3 convolutions with ReLU, the residual added before
+    ReLU; the second block downsamples (a strided 3x3 convolution and a 1x1 one on the
+    shortcut: not Winograd's)."""
+
+    def __init__(self):
+        super().__init__()
+        self.a1, self.a2 = (torch.nn.Conv2d(16, 16, 3, padding=1) for _ in range(2))
+        self.b1 = torch.nn.Conv2d(16, 32, 3, stride=2, padding=1)
+        self.b2 = torch.nn.Conv2d(32, 32, 3, padding=1, bias=False)
+        self.down = torch.nn.Conv2d(16, 32, 1, stride=2)
+
+    def forward(self, x):
+        x = torch.relu(self.a2(torch.relu(self.a1(x))) + x)
+        return torch.relu(self.b2(torch.relu(self.b1(x))) + self.down(x))
+
+
+class _Decided(dict):
+    """A ``_WINOGRAD_TIMED`` where every shape is already decided ``value``."""
+
+    def __init__(self, value):
+        super().__init__()
+        self.value = value
+
+    def __contains__(self, key):
+        return True
+
+    def __getitem__(self, key):
+        return self.value
+
+
+# Winograd's rounding: atol 1e-4 on these O(1) results (see tests/fallback/test_winograd.py)
+WINO_TOL = dict(rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.skipif(not dnnl_program.winograd.available(), reason="no C compiler here")
+@pytest.mark.parametrize("forced", [True, False], ids=["winograd", "onednn"])
+def test_3x3_convolutions_run_as_winograd_where_chosen(monkeypatch, forced):
+    monkeypatch.setattr(dnnl_program, "_WINOGRAD_TIMED", _Decided(forced))
+    torch.manual_seed(31)
+    m = BasicBlocks().eval()
+    xs = (torch.randn(2, 16, 12, 10),)
+    cm = _module(m, xs)
+    _check(cm, m, lambda: (torch.randn(2, 16, 12, 10),), tol=WINO_TOL)
+    prog = _group(cm).program
+    # a1 (+ReLU), a2 (+residual, ReLU), b2 (no bias, +shortcut, ReLU); not b1 (stride 2)
+    assert prog.n_winograd == (3 if forced else 0)
+    convs = [p.what for p in prog.primitives() if p.what.startswith("a convolution")]
+    assert len(convs) == (2 if forced else 5)
+
+
+@pytest.mark.skipif(not dnnl_program.winograd.available(), reason="no C compiler here")
+def test_winograd_is_timed_for_real_and_remembered(monkeypatch):
+    timed = {}
+    monkeypatch.setattr(dnnl_program, "_WINOGRAD_TIMED", timed)
+    cm = _checked(BasicBlocks, (1, 16, 12, 10), 32, WINO_TOL)
+    # three shapes with their post-ops: (16 -> 16, ReLU), (16 -> 16, add, ReLU), (32 -> 32)
+    assert len(timed) == 3 and all(isinstance(v, bool) for v in timed.values())
+    assert _group(cm).program.n_winograd == sum(timed.values())
+
+
+def test_without_the_transforms_3x3_convolutions_stay_onednns(monkeypatch):
+    monkeypatch.setattr(dnnl_program.winograd, "available", lambda: False)
+    monkeypatch.setattr(dnnl_program, "_WINOGRAD_TIMED", _Decided(True))
+    cm = _checked(BasicBlocks, (1, 16, 12, 10), 33)
+    assert _group(cm).program.n_winograd == 0
