@@ -1,6 +1,6 @@
 """One lever of the oneDNN-primitives candidate on and off, in one process, interleaved.
 
-    python benchmarks/primitive_levers.py --lever se|stem|linear-as-conv|mkl-linear|swap-products MODEL [MODEL ...]
+    python benchmarks/primitive_levers.py --lever LEVER MODEL [MODEL ...]
 
 Levers (module constants of ``aot/fallback/dnnl_program.py``):
 - ``se``: squeeze-excitation scales taken into the 1x1 projection's weights
@@ -12,7 +12,13 @@ Levers (module constants of ``aot/fallback/dnnl_program.py``):
 - ``mkl-linear``: a linear over its rows run as MKL's packed GEMM with its bias and
   post-ops after it, where timed faster (``_MKL_LINEARS``; off: oneDNN's product);
 - ``swap-products``: an RMS norm's per-row and per-feature products as one primitive,
-  the feature's first (``_SWAP_PRODUCTS``; off: two primitives).
+  the feature's first (``_SWAP_PRODUCTS``; off: two primitives);
+- ``native-loop``: stretches of primitives run by one call into a C loop
+  (``_NATIVE_LOOP``; off: one ctypes call each);
+- ``winograd``: 3x3 convolutions as Winograd F(4x4, 3x3) where timed faster
+  (``_WINOGRAD``; off: oneDNN's convolution);
+- ``mkl-conv``: 1x1 convolutions as MKL's packed GEMM over their pixels where timed
+  faster (``_MKL_CONVS``; off: oneDNN's convolution).
 
 Each model (an ``aot bench`` model name) is compiled twice with the candidate pinned
 (``plan=``), once per setting; both programs are checked against eager, then called in
@@ -36,7 +42,7 @@ if sys.path and os.path.abspath(sys.path[0]) == os.path.dirname(os.path.abspath(
 LEVERS = {"se": ("_WEIGHT_SCALE_COST", 10 ** 9), "stem": ("_STEM_CHANNELS", 0),
           "linear-as-conv": ("_LINEAR_AS_CONV", ()), "mkl-linear": ("_MKL_LINEARS", False),
           "swap-products": ("_SWAP_PRODUCTS", False), "native-loop": ("_NATIVE_LOOP", False),
-          "winograd": ("_WINOGRAD", False)}
+          "winograd": ("_WINOGRAD", False), "mkl-conv": ("_MKL_CONVS", False)}
 PLAN = {"format": 1, "program": None, "region": "aten-onednn-primitives", "candidates_ms": {}}
 
 
