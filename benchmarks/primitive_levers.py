@@ -16,9 +16,7 @@ Levers (module constants of ``aot/fallback/dnnl_program.py``):
 - ``native-loop``: stretches of primitives run by one call into a C loop
   (``_NATIVE_LOOP``; off: one ctypes call each);
 - ``winograd``: 3x3 convolutions as Winograd F(4x4, 3x3) where timed faster
-  (``_WINOGRAD``; off: oneDNN's convolution);
-- ``mkl-conv``: 1x1 convolutions as MKL's packed GEMM over their pixels where timed
-  faster (``_MKL_CONVS``; off: oneDNN's convolution).
+  (``_WINOGRAD``; off: oneDNN's convolution).
 
 Each model (an ``aot bench`` model name) is compiled twice with the candidate pinned
 (``plan=``), once per setting; both programs are checked against eager, then called in
@@ -42,7 +40,7 @@ if sys.path and os.path.abspath(sys.path[0]) == os.path.dirname(os.path.abspath(
 LEVERS = {"se": ("_WEIGHT_SCALE_COST", 10 ** 9), "stem": ("_STEM_CHANNELS", 0),
           "linear-as-conv": ("_LINEAR_AS_CONV", ()), "mkl-linear": ("_MKL_LINEARS", False),
           "swap-products": ("_SWAP_PRODUCTS", False), "native-loop": ("_NATIVE_LOOP", False),
-          "winograd": ("_WINOGRAD", False), "mkl-conv": ("_MKL_CONVS", False)}
+          "winograd": ("_WINOGRAD", False)}
 PLAN = {"format": 1, "program": None, "region": "aten-onednn-primitives", "candidates_ms": {}}
 
 

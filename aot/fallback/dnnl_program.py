@@ -141,9 +141,6 @@ _NATIVE_LOOP = True
 # timed faster than oneDNN's convolution, once per shape and process. On a 2-core Xeon
 # with AVX-512, ResNet18's 128@28 0.37 ms against 0.62
 _WINOGRAD = True
-# a 1x1 convolution between dense NHWC images is a linear over its pixels: it may run
-# on MKL's packed GEMM as such a linear does (``_MKL_LINEARS``, timed the same way)
-_MKL_CONVS = True
 _WINOGRAD_TIMED: dict[tuple, bool] = {}  # (n, in, h, w, out, bias, ops) -> Winograd faster
 
 
@@ -250,7 +247,6 @@ class Program:
         self.n_scaled_weights = 0  # 1x1 convolutions whose weights take a channel scale
         self.n_linears_as_conv = 0  # linears run as 1x1 convolutions (``_LINEAR_AS_CONV``)
         self.n_mkl_linears = 0  # linears run as MKL's packed GEMM (``_MKL_LINEARS``)
-        self.n_mkl_convs = 0  # 1x1 convolutions run so, over their pixels (``_mkl_conv``)
         self.n_linears_over_rows = 0  # linears described as one [rows, in] product
         self.n_runs = 0  # stretches of primitives run by one C loop (``_NATIVE_LOOP``)
         self.n_winograd = 0  # 3x3 convolutions run as Winograd F(4x4, 3x3) (``_WINOGRAD``)
@@ -1126,10 +1122,9 @@ class _Builder:
                 pd = lib.convolution(src_md, lib.md_any(wshape), b_md,
                                      lib.md_any(shape) if stem else dst_md, a["stride"],
                                      [d - 1 for d in a["dilation"]], pad, pad_r, attr)
-                if not stem and "scale" not in a and (self._winograd(
+                if not stem and "scale" not in a and self._winograd(
                         pd, attr, a, x, shape, strides, specs, binaries, slot, src_md, b_md,
-                        dst_md) or self._mkl_conv(pd, attr, a, x, shape, strides, specs,
-                                                  binaries, slot, src_md, b_md, dst_md)):
+                        dst_md):
                     return
                 self.memory(src_md, self._slot(x), args, D.ARG_SRC, handles)
                 if "scale" not in a:  # (else once the primitive is known to be made)
@@ -1374,21 +1369,18 @@ class _Builder:
         return cpd, attr, c_src, c_dst, b_md, binary_md
 
     def _mkl_linear(self, pd, attr, x, w, bias, rows, specs, binaries, row_md, bias_md,
-                    src_md, dst_md, slot, rows_of, pd_mds=None, what=None) -> bool:
+                    src_md, dst_md, slot, rows_of) -> bool:
         """A linear over its rows (``_linear_rows``; ``pd`` its oneDNN product with
         ``attr``) run as MKL's packed GEMM into ``slot``, then one primitive in place for
         the bias and the post-ops, where that is timed faster than ``pd`` (once per
         shape, post-ops and process: ``_MKL_TIMED``). True where so emitted (``pd`` and
-        ``attr`` destroyed), else False (both left as they are). ``pd_mds``: ``pd``'s
-        operands where they are not described as the product's (a 1x1 convolution's,
-        ``_mkl_conv``); ``what`` names the step."""
+        ``attr`` destroyed), else False (both left as they are)."""
         if not _MKL_LINEARS or not mkl_gemm.available():
             return False
         lib = self.lib
         nout, k = w.shape
         others = dict(binaries)
-        key = _form_key(rows, k, nout, bias, specs, lambda i: rows_of(others[i])) + (
-            pd_mds is not None,)
+        key = _form_key(rows, k, nout, bias, specs, lambda i: rows_of(others[i]))
         if _MKL_TIMED.get(key) is False:
             return False
         # the epilogue: the bias added as a broadcast row, the post-ops fused into it
@@ -1419,7 +1411,6 @@ class _Builder:
             if bias is not None:
                 mds.append((D.ARG_BIAS, bias_md))
             mds += [(D.post_op_src1(i), row_md(o)) for i, o in binaries]
-            mds = pd_mds or mds
             a, c = torch.rand(rows * k) - 0.5, torch.empty(rows * nout)
             others_packed = [mkl_gemm.Packed(torch.rand(nout, k) - 0.5, rows)
                              for _ in range(_copies(nout * k * 4) - 1)]
@@ -1441,11 +1432,8 @@ class _Builder:
         xs = self._slot(x)
         step = _mkl_step(packed, xs, slot, self.p.env, self.dynamic)
         self.p.steps.append(step)
-        if pd_mds is None:
-            self.p.n_mkl_linears += 1
-        else:
-            self.p.n_mkl_convs += 1
-        what = what or f"a linear {tuple(self.tensor_type(x).sizes())} x {tuple(w.shape)}"
+        self.p.n_mkl_linears += 1
+        what = f"a linear {tuple(self.tensor_type(x).sizes())} x {tuple(w.shape)}"
         if epilogue is None:
             return True
         args, handles = [], []
@@ -1462,36 +1450,6 @@ class _Builder:
                 self.memory(o[2], self._slot(o[3]), args, D.post_op_src1(i), handles)
         self._step(epilogue, eattr, args, handles, f"the bias and post-ops of {what}")
         return True
-
-    def _mkl_conv(self, pd, attr, a, x, shape, strides, specs, binaries, slot, src_md,
-                  b_md, dst_md) -> bool:
-        """A 1x1 convolution (stride 1, no padding, one group) between dense NHWC images,
-        its post-op operands the result's shape, run as a linear over its pixels on MKL's
-        packed GEMM where timed faster (``_mkl_linear``). True where so emitted."""
-        wt, bt = a["w"], a["b"]
-        n, c, h, w = self.tensor_type(x).sizes()
-        nout = wt.shape[0]
-        others = dict(binaries)
-        if not _MKL_CONVS or a["groups"] != 1 or tuple(wt.shape[2:]) != (1, 1) \
-                or list(a["stride"]) != [1, 1] or list(a["padding"]) != [0, 0] \
-                or tuple(shape) != (n, nout, h, w) \
-                or self.strides_of(x) != _dense((n, c, h, w), (0, 2, 3, 1)) \
-                or any(tuple(self.tensor_type(o).sizes()) != tuple(shape)
-                       or self.strides_of(o) != strides for o in others.values()):
-            return False
-        lib, rows = self.lib, n * h * w
-
-        def row_md(o):
-            return lib.md([rows, nout], [nout, 1])
-        pd_mds = [(D.ARG_SRC, src_md), (D.ARG_WEIGHTS, lib.weights_md(pd)), (D.ARG_DST, dst_md)]
-        if bt is not None:
-            pd_mds.append((D.ARG_BIAS, b_md))
-        pd_mds += [(D.post_op_src1(i), specs[i][2]) for i, _ in binaries]
-        return self._mkl_linear(
-            pd, attr, x, wt.reshape(nout, c), bt, rows, specs, binaries, row_md,
-            lib.md([1, nout], [nout, 1]), lib.md([rows, c], [c, 1]), row_md(None), slot,
-            lambda o: rows, pd_mds=pd_mds,
-            what=f"a 1x1 convolution {(n, c, h, w)} -> {tuple(shape)}")
 
     def _winograd(self, pd, attr, a, x, shape, strides, specs, binaries, slot, src_md,
                   b_md, dst_md) -> bool:

@@ -748,33 +748,3 @@ def test_without_the_transforms_3x3_convolutions_stay_onednns(monkeypatch):
     monkeypatch.setattr(dnnl_program, "_WINOGRAD_TIMED", _Decided(True))
     cm = _checked(BasicBlocks, (1, 16, 12, 10), 33)
     assert _group(cm).program.n_winograd == 0
-
-
-class Pointwise(torch.nn.Module):
-    """1x1 convolutions: with SiLU, with a residual add, with nothing after."""
-
-    def __init__(self):
-        super().__init__()
-        self.a, self.b = torch.nn.Conv2d(16, 32, 1), torch.nn.Conv2d(32, 16, 1)
-        self.c = torch.nn.Conv2d(16, 24, 1, bias=False)
-
-    def forward(self, x):
-        return self.c(self.b(torch.nn.functional.silu(self.a(x))) + x)
-
-
-@pytest.mark.skipif(not dnnl_program.mkl_gemm.available(),
-                    reason="this torch build exports no MKL packed GEMM")
-@pytest.mark.parametrize("mkl", [True, False], ids=["mkl", "onednn"])
-def test_1x1_convolutions_run_on_mkls_packed_gemm_where_timed_faster(monkeypatch, mkl):
-    monkeypatch.setattr(dnnl_program, "_MKL_TIMED", {})
-    timed = []
-
-    def fastest(runs, handicaps=None):
-        timed.append(len(runs))
-        return 1 if mkl else 0
-    monkeypatch.setattr(dnnl_program, "_fastest", fastest)
-    program = _group(_checked(Pointwise, (2, 16, 6, 5), 34)).program
-    assert timed == [2, 2, 2]  # each 1x1 convolution: oneDNN's, MKL's
-    assert program.n_mkl_convs == (3 if mkl else 0) and program.n_mkl_linears == 0
-    convs = [p.what for p in program.primitives() if p.what.startswith("a convolution")]
-    assert len(convs) == (0 if mkl else 3)
