@@ -376,7 +376,9 @@ class _KernelCall:
         this directly for a program that is one kernel call.
         """
         self.host.calls += 1
-        if self.plain_operands:
+        if self.spec.is_group and self.graph is not None:  # the trace reads the crossing
+            tensors = None
+        elif self.plain_operands:
             tensors = crossing
         else:
             raw, it = [], iter(crossing)
