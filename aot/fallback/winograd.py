@@ -29,7 +29,7 @@ import torch
 
 from . import c_compiler
 
-__all__ = ["available", "Conv", "OPS"]
+__all__ = ["available", "fits", "Conv", "OPS"]
 
 OPS = {"relu": 0, "add": 1}  # what ``Conv`` can apply after the bias, in a given order
 _TILE, _E = 4, 36  # result tile side; transformed positions (6 x 6)
@@ -162,10 +162,11 @@ def available() -> bool:
     return _lib() is not None
 
 
-def fits(weight_shape, channels_ok=16) -> bool:
-    """A ``[out, in, 3, 3]`` weight whose channels the transforms take."""
+def fits(weight_shape) -> bool:
+    """A ``[out, in, 3, 3]`` weight whose channels the transforms take (multiples of
+    the 16 channels they process at a time)."""
     k, c, kh, kw = weight_shape
-    return (kh, kw) == (3, 3) and c % channels_ok == 0 and k % channels_ok == 0
+    return (kh, kw) == (3, 3) and c % 16 == 0 and k % 16 == 0
 
 
 def transformed_weights(w: torch.Tensor) -> torch.Tensor:
