@@ -30,3 +30,17 @@ def test_without_a_compiler_nothing_is_loaded(monkeypatch, caplog):
     with caplog.at_level(logging.INFO, logger="aot.fallback.c_compiler"):
         assert c_compiler.load("int f(void) { return 0; }", [], "a test source") is None
     assert "did not compile with /nonexistent/cc" in caplog.text
+
+
+@has_cc
+def test_cc_with_arguments_is_split_as_a_shell_would(monkeypatch):
+    monkeypatch.setenv("CC", f"{shutil.which('cc') or shutil.which('gcc')} -O1")
+    lib = c_compiler.load("int aot_three(void) { return 3; }", [], "a test")
+    assert lib is not None and lib.aot_three() == 3
+
+
+def test_a_cc_that_is_not_a_command_line_is_refused(monkeypatch, caplog):
+    monkeypatch.setenv("CC", "gcc '-O1")
+    with caplog.at_level(logging.INFO, logger="aot.fallback.c_compiler"):
+        assert c_compiler.load("int f(void) { return 0; }", [], "a test source") is None
+    assert "$CC is not a command line" in caplog.text
