@@ -1490,17 +1490,23 @@ class _Builder:
             return False
         lib.d.dnnl_primitive_desc_destroy(pd)
         lib.d.dnnl_primitive_attr_destroy(attr)
-        conv = winograd.Conv(n, h, w, wt, bt, ops)
-        self._keep(conv.u)
+        conv = winograd.Conv(n, h, w, wt, bt, ops)  # (the step keeps it alive)
         self.winograd.append(conv)
         xs = self._slot(x)
         reads = [(i, self._slot(others[i])) for i, o in enumerate(ops) if o == "add"]
         operands = conv.operands
+        if self.dynamic.isdisjoint([xs, slot] + [s for _, s in reads]):
+            for q, s in reads:  # every buffer the program's own: addresses bound once
+                operands[q] = self.p.env[s].data_ptr()
+            x_ptr, y_ptr = self.p.env[xs].data_ptr(), self.p.env[slot].data_ptr()
 
-        def step(env):
-            for q, s in reads:
-                operands[q] = env[s].data_ptr()
-            conv(env[xs].data_ptr(), env[slot].data_ptr())
+            def step(env):
+                conv(x_ptr, y_ptr)
+        else:
+            def step(env):
+                for q, s in reads:
+                    operands[q] = env[s].data_ptr()
+                conv(env[xs].data_ptr(), env[slot].data_ptr())
         step.conv = conv
         self.p.steps.append(step)
         self.p.n_winograd += 1
