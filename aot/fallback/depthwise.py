@@ -62,6 +62,7 @@ static inline vf vsilu(vf v) {
        sigmoid is 0 or 1 in float32), = 2^n 2^f: n = round(t), 2^f by a degree-5
        polynomial on |f| <= 1/2 (relative error 1.6e-7) */
     __m512 t = _mm512_mul_ps((__m512)v, _mm512_set1_ps(-1.44269504088896341f));
+    __mmask16 finite = _mm512_cmp_ps_mask(t, _mm512_set1_ps(126.f), _CMP_LE_OQ);
     t = _mm512_range_ps(t, _mm512_set1_ps(126.f), 2);  /* |t| <= 126, sign kept */
     __m512 n = _mm512_roundscale_ps(t, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
     __m512 f = _mm512_sub_ps(t, n);
@@ -72,7 +73,8 @@ static inline vf vsilu(vf v) {
     p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.000000119e+00f));
     __m512 d = _mm512_add_ps(_mm512_scalef_ps(p, n), _mm512_set1_ps(1.f));
     __m512 q = _mm512_rcp14_ps(d);  /* 1 / d: 14 bits, then one Newton step */
-    q = _mm512_mul_ps(q, _mm512_fnmadd_ps(d, q, _mm512_set1_ps(2.f)));
+    /* beyond 2^126 the sigmoid is 0 (v * 0: -0, or NaN for -inf and NaN, as torch's) */
+    q = _mm512_maskz_mul_ps(finite, q, _mm512_fnmadd_ps(d, q, _mm512_set1_ps(2.f)));
     return (vf)_mm512_mul_ps((__m512)v, q);
 }
 #else
@@ -89,7 +91,8 @@ static inline vf vexp(vf x) {
     p = p * r * r + r + 1.f;
     vi e = (__builtin_convertvector(n, vi) + 127) << 23;
     vf v = p * (vf)e;
-    return sel(x < lo, z, v);
+    v = sel(x < lo, z, v);
+    return sel(x > hi, z + __builtin_inff(), v);  /* silu: v / inf is -0, or NaN for -inf */
 }
 static inline vf vsilu(vf v) { return v / (1.f + vexp(-v)); }
 #endif
@@ -221,11 +224,17 @@ class _Args(C.Structure):
                                       "act")] + [(name, C.c_float) for name in ("scale", "lo", "hi")]
 
 
-@functools.cache
+# for this CPU, with AVX-512's 16 lanes where it has them (GCC prefers 8 by default)
+_FLAGS = ("-O3", "-march=native", "-mprefer-vector-width=512", "-Wno-psabi", "-fopenmp")
+
+
 def _lib():
-    lib = c_compiler.load(_SOURCE, ["-O3", "-march=native", "-mprefer-vector-width=512",
-                                    "-Wno-psabi", "-fopenmp"],
-                          "the depthwise convolution kernel")
+    return _build(_FLAGS)
+
+
+@functools.cache
+def _build(flags: tuple):
+    lib = c_compiler.load(_SOURCE, list(flags), "the depthwise convolution kernel")
     if lib is None:
         return None
     lib.aot_dw_run.argtypes = [C.c_void_p]

@@ -4,6 +4,7 @@
 Tolerance: oneDNN sums in its own order, so values differ from eager's by float rounding
 (rtol 1e-4, atol 1e-5 on these small networks)."""
 
+import ctypes as C
 import os
 import re
 import threading
@@ -13,7 +14,7 @@ import torch
 
 import aot
 from aot.errors import ArtifactError
-from aot.fallback import dnnl_api, dnnl_program, native_loop
+from aot.fallback import c_compiler, dnnl_api, dnnl_program, native_loop
 from aot.fallback.executor import ExecOptions
 from aot.runtime.module import CompiledModule
 from aot.tuning.regions import _with_executor, aten_candidates
@@ -748,3 +749,103 @@ def test_without_the_transforms_3x3_convolutions_stay_onednns(monkeypatch):
     monkeypatch.setattr(dnnl_program, "_WINOGRAD_TIMED", _Decided(True))
     cm = _checked(BasicBlocks, (1, 16, 12, 10), 33)
     assert _group(cm).program.n_winograd == 0
+
+
+class MBConvs(torch.nn.Module):
+    """EfficientNet and MobileNetV2 blocks: an expansion with SiLU, a strided 3x3
+    depthwise convolution with SiLU and a squeeze-excitation whose mean follows it; a
+    5x5 depthwise convolution with ReLU6 and no mean (a residual add after it would be
+    a binary post-op: not ours); one reading the group's input
+    (its buffer changes per call) with hardswish, its result a group output."""
+
+    def __init__(self):
+        super().__init__()
+        self.expand = torch.nn.Conv2d(16, 32, 1)
+        self.dw = torch.nn.Conv2d(32, 32, 3, stride=2, padding=1, groups=32)
+        self.se1, self.se2 = torch.nn.Conv2d(32, 8, 1), torch.nn.Conv2d(8, 32, 1)
+        self.project = torch.nn.Conv2d(32, 16, 1)
+        self.dw5 = torch.nn.Conv2d(16, 16, 5, padding=2, groups=16, bias=False)
+        self.pw = torch.nn.Conv2d(16, 16, 1)
+        self.dw_in = torch.nn.Conv2d(16, 16, 3, padding=1, groups=16)
+
+    def forward(self, x):
+        y = torch.nn.functional.silu(self.dw(torch.nn.functional.silu(self.expand(x))))
+        s = torch.sigmoid(self.se2(torch.nn.functional.silu(self.se1(y.mean((2, 3), True)))))
+        z = self.project(y * s)
+        z = self.pw(torch.nn.functional.hardtanh(self.dw5(z), 0.0, 6.0))
+        return z, torch.nn.functional.hardswish(self.dw_in(x))
+
+
+DW_TOL = dict(rtol=1e-4, atol=1e-5)  # (tests/fallback/test_depthwise.py: 4e-6 of the max)
+needs_dw = pytest.mark.skipif(not dnnl_program.depthwise.available(),
+                              reason="no C compiler here")
+
+
+@needs_dw
+@pytest.mark.parametrize("forced", [True, False], ids=["ours", "onednn"])
+def test_depthwise_convolutions_run_as_ours_where_chosen(monkeypatch, forced):
+    monkeypatch.setattr(dnnl_program, "_DEPTHWISE_TIMED", _Decided(forced))
+    cm = _checked(MBConvs, (2, 16, 14, 12), 41, DW_TOL)
+    prog = _group(cm).program
+    assert prog.n_depthwise == (3 if forced else 0)
+    # the squeeze-excitation's mean comes from the depthwise convolution's rows
+    assert prog.n_pooled == (1 if forced else 0)
+    means = [p.what for p in prog.primitives() if p.what.startswith("a mean")]
+    assert len(means) == (0 if forced else 1)
+    dws = [p.what for p in prog.primitives() if p.what.startswith("a depthwise")]
+    if forced and native_loop.available():  # the two on fixed buffers join the C loop
+        assert len(dws) == 2
+
+
+@needs_dw
+def test_depthwise_is_timed_for_real_and_remembered(monkeypatch):
+    timed = {}
+    monkeypatch.setattr(dnnl_program, "_DEPTHWISE_TIMED", timed)
+    cm = _checked(MBConvs, (1, 16, 14, 12), 42, DW_TOL)
+    assert len(timed) == 3 and all(isinstance(v, bool) for v in timed.values())
+    # (batch, channels, h, w, kernel, stride, bias, activation, mean after)
+    assert sorted(k[4:6] + k[-1:] for k in timed) == [(3, 1, False), (3, 2, True),
+                                                      (5, 1, False)]
+    assert _group(cm).program.n_depthwise == sum(timed.values())
+
+
+@needs_dw
+def test_a_mean_not_right_after_its_depthwise_convolution_is_a_pooling(monkeypatch):
+    class Apart(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.dw = torch.nn.Conv2d(16, 16, 3, padding=1, groups=16)
+            self.pw, self.pw2 = torch.nn.Conv2d(16, 16, 1), torch.nn.Conv2d(16, 16, 1)
+
+        def forward(self, x):
+            y = torch.nn.functional.silu(self.dw(x))
+            z = self.pw(y)  # planned between the depthwise convolution and the mean
+            return self.pw2(z) * y.mean((2, 3), True)
+
+    monkeypatch.setattr(dnnl_program, "_DEPTHWISE_TIMED", _Decided(True))
+    cm = _checked(Apart, (1, 16, 9, 9), 43, DW_TOL)
+    prog = _group(cm).program
+    assert prog.n_depthwise == 1 and prog.n_pooled == 0
+
+
+@needs_dw
+def test_without_the_kernel_depthwise_convolutions_stay_onednns(monkeypatch):
+    monkeypatch.setattr(dnnl_program.depthwise, "available", lambda: False)
+    monkeypatch.setattr(dnnl_program, "_DEPTHWISE_TIMED", _Decided(True))
+    cm = _checked(MBConvs, (1, 16, 14, 12), 44)
+    assert _group(cm).program.n_depthwise == 0
+
+
+@needs_dw
+@needs_loop
+def test_a_failing_kernel_in_the_loop_is_named(monkeypatch):
+    monkeypatch.setattr(dnnl_program, "_DEPTHWISE_TIMED", _Decided(True))
+    cm = _checked(MBConvs, (1, 16, 14, 12), 45, DW_TOL)
+    run = next(s for s in _group(cm).program.steps if isinstance(s, native_loop.Run)
+               and any(isinstance(p, native_loop.Kernel) for p in s.prims))
+    i = next(i for i, p in enumerate(run.prims) if isinstance(p, native_loop.Kernel))
+    failing = c_compiler.load("int aot_fails(const void *a) { return 7; }", ["-O2"], "a test")
+    run._kernels[i] = C.cast(failing.aot_fails, C.c_void_p).value
+    with pytest.raises(dnnl_api.DnnlError,
+                       match=re.escape(f"running {run.prims[i].what} (status 7)")):
+        run(None)
