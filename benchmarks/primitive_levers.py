@@ -16,7 +16,9 @@ Levers (module constants of ``aot/fallback/dnnl_program.py``):
 - ``native-loop``: stretches of primitives run by one call into a C loop
   (``_NATIVE_LOOP``; off: one ctypes call each);
 - ``winograd``: 3x3 convolutions as Winograd F(4x4, 3x3) where timed faster
-  (``_WINOGRAD``; off: oneDNN's convolution).
+  (``_WINOGRAD``; off: oneDNN's convolution);
+- ``depthwise``: depthwise convolutions (and the mean after them) by our own C kernel
+  where timed faster (``_DEPTHWISE``; off: oneDNN's convolution and pooling).
 
 Each model (an ``aot bench`` model name) is compiled twice with the candidate pinned
 (``plan=``), once per setting; both programs are checked against eager, then called in
@@ -40,7 +42,7 @@ if sys.path and os.path.abspath(sys.path[0]) == os.path.dirname(os.path.abspath(
 LEVERS = {"se": ("_WEIGHT_SCALE_COST", 10 ** 9), "stem": ("_STEM_CHANNELS", 0),
           "linear-as-conv": ("_LINEAR_AS_CONV", ()), "mkl-linear": ("_MKL_LINEARS", False),
           "swap-products": ("_SWAP_PRODUCTS", False), "native-loop": ("_NATIVE_LOOP", False),
-          "winograd": ("_WINOGRAD", False)}
+          "winograd": ("_WINOGRAD", False), "depthwise": ("_DEPTHWISE", False)}
 PLAN = {"format": 1, "program": None, "region": "aten-onednn-primitives", "candidates_ms": {}}
 
 

@@ -1,25 +1,28 @@
-"""Depthwise convolutions with their SiLU and the squeeze-excitation's mean in one pass.
+"""Depthwise convolutions with their activation and the squeeze-excitation's mean in one pass.
 
 A depthwise convolution (one group per channel, ``[C, 1, K, K]`` weights, K 3 or 5,
-stride 1 or 2, padding K // 2, NHWC float32 images, C a multiple of 16) computes each
-output row's channels 16 at a time, four pixels at a time, adds the bias and applies
-the SiLU while the row is in registers. Where a mean over the image follows (the
-squeeze-excitation of MobileNetV3 and EfficientNet blocks), each row's sums are kept
-as the row is written and the means come from them, instead of a pooling reading the
-whole result back from memory.
+stride 1 or 2, padding K // 2, NHWC float32 images, C a multiple of 16) computes its
+channels 16 at a time and its pixels four at a time, adds the bias and applies the
+activation (SiLU, a clip such as ReLU or ReLU6, hardswish) while they are in registers.
+Images up to 16 wide are taken whole per 16 channels from a copy with their zero
+padding (no edge cases in the loop: 7x7 and 14x14 images are mostly edges); wider
+ones row by row. Where a mean over the image follows (the squeeze-excitation of
+MobileNetV3 and EfficientNet blocks), the sums are kept as the results are written
+and the means come from them, instead of a pooling reading the whole result back.
 
-Measured on a 2-core Xeon (AVX-512), EfficientNet-B0's layers with the SiLU, against
-oneDNN's depthwise convolution and its pooling after: 32@112 0.093 ms against 0.173,
-144@56 0.124 against 0.213, 240@28 (5x5) 0.082 against 0.103; on 7x7 and 14x14 images
-with 5x5 kernels oneDNN stays faster (1152@7 0.041 against 0.034), so each layer is
-timed at build against oneDNN's (``dnnl_program``).
+Measured on a 2-core Xeon (AVX-512), EfficientNet-B0's layers with the SiLU and the
+mean, against oneDNN's depthwise convolution and its pooling after (weights cycled
+through 64 MB as in ``dnnl_program``'s timing): 32@112 0.091 ms against 0.181, 144@56
+0.113 against 0.215, 96@112 (stride 2) 0.152 against 0.207, 672@14 (5x5) 0.059 against
+0.068, 1152@7 (5x5) 0.028 against 0.035; its 12 shapes 0.73 ms against 1.12. Each
+layer is still timed at build against oneDNN's (``dnnl_program``).
 
 The SiLU's exponential is a degree-5 polynomial of ``2^f`` times ``2^n`` (relative
 error 1.6e-7) and its reciprocal a 14-bit estimate with one Newton step (AVX-512), or
 a division (other CPUs): values differ from oneDNN's by rounding, 3e-7 of the largest
 here. The C source (``_SOURCE``) is compiled once per process by ``c_compiler`` for this
-CPU, OpenMP over rows and channel blocks; ``available()`` is false where no compiler
-works.
+CPU, OpenMP over rows or images and channel blocks; ``available()`` is false where no
+compiler works.
 """
 
 from __future__ import annotations
@@ -38,6 +41,7 @@ ACTS = {None: 0, "silu": 1, "clip": 2, "hardswish": 3}  # what may follow the bi
 _CHANNELS = 64  # channels of one work item (rows x channel blocks are shared out)
 
 _SOURCE = r"""
+
 #include <math.h>
 #ifdef __AVX512F__
 #include <immintrin.h>
@@ -45,6 +49,9 @@ _SOURCE = r"""
 #include <string.h>
 #define CB 16
 #define OB 4
+#ifndef IMG_W
+#define IMG_W 16
+#endif
 
 typedef float vf __attribute__((vector_size(64)));
 typedef float vfu __attribute__((vector_size(64), aligned(4)));
@@ -103,6 +110,22 @@ static inline vf vclip(vf v, float lo, float hi) {
     return sel(v < z + lo, z + lo, sel(v > z + hi, z + hi, v));
 }
 
+/* the activation of OB results */
+static inline __attribute__((always_inline)) void activate(vf *acc, int act, float lo,
+                                                            float hi) {
+    if (act == 1) {
+#pragma GCC unroll 8
+        for (int o = 0; o < OB; ++o) acc[o] = vsilu(acc[o]);
+    } else if (act == 2) {
+#pragma GCC unroll 8
+        for (int o = 0; o < OB; ++o) acc[o] = vclip(acc[o], lo, hi);
+    } else if (act == 3) {  /* hardswish: v * clip(v / 6 + 1 / 2, 0, 1) */
+#pragma GCC unroll 8
+        for (int o = 0; o < OB; ++o)
+            acc[o] = acc[o] * vclip(acc[o] * (1.f / 6.f) + 0.5f, 0.f, 1.f);
+    }
+}
+
 /* one output row's channels [c0, c1) of a K x K depthwise convolution, stride S */
 static inline __attribute__((always_inline)) void dw_row(
         const float *x, long H, long W, long C, const float *w, const float *bias,
@@ -130,30 +153,22 @@ static inline __attribute__((always_inline)) void dw_row(
                     }
                 }
             } else {
+                for (int kh = kh0; kh < kh1; ++kh) {
+                    const float *xr = x + (ih0 + kh) * W * C + c;
+                    const float *wr = w + (long)kh * K * C + c;
+#pragma GCC unroll 5
+                    for (int kw = 0; kw < K; ++kw) {
+                        vf wv = ld(wr + kw * C);
 #pragma GCC unroll 8
-                for (int o = 0; o < OB; ++o) {
-                    if (o >= nb) break;
-                    long iw = iw0 + o * S;
-                    int kw0 = iw < 0 ? (int)-iw : 0, kw1 = iw + K > W ? (int)(W - iw) : K;
-                    for (int kh = kh0; kh < kh1; ++kh) {
-                        const float *xr = x + ((ih0 + kh) * W + iw) * C + c;
-                        const float *wr = w + (long)kh * K * C + c;
-                        for (int kw = kw0; kw < kw1; ++kw)
-                            acc[o] += ld(xr + kw * C) * ld(wr + kw * C);
+                        for (int o = 0; o < OB; ++o) {
+                            long iw = iw0 + o * S + kw;
+                            if (o < nb && (unsigned long)iw < (unsigned long)W)
+                                acc[o] += ld(xr + iw * C) * wv;
+                        }
                     }
                 }
             }
-            if (act == 1) {
-#pragma GCC unroll 8
-                for (int o = 0; o < OB; ++o) acc[o] = vsilu(acc[o]);
-            } else if (act == 2) {
-#pragma GCC unroll 8
-                for (int o = 0; o < OB; ++o) acc[o] = vclip(acc[o], lo, hi);
-            } else if (act == 3) {  /* hardswish: v * clip(v / 6 + 1 / 2, 0, 1) */
-#pragma GCC unroll 8
-                for (int o = 0; o < OB; ++o)
-                    acc[o] = acc[o] * vclip(acc[o] * (1.f / 6.f) + 0.5f, 0.f, 1.f);
-            }
+            activate(acc, act, lo, hi);
 #pragma GCC unroll 8
             for (int o = 0; o < OB; ++o) {
                 if (o >= nb) break;
@@ -164,6 +179,64 @@ static inline __attribute__((always_inline)) void dw_row(
         if (rsum) st(rsum + c, sum);
     }
 }
+
+
+/* channels [c, c + 16) of one small image: copied with its zero padding into buf
+   (PH x PW x 16 floats, PH = (OH - 1) S + K, PW = (whole blocks of OB outputs - 1) S + K),
+   then every output block reads inside it; mean: the sums over the image, scaled */
+static inline __attribute__((always_inline)) void dw_image(
+        const float *x, long H, long W, long C, const float *w, const float *bias,
+        const int K, const int S, long P, long OH, long OW, long c, float *y, int act,
+        float lo, float hi, float *mean, float scale, float *buf) {
+    long nblk = (OW + OB - 1) / OB, PW = (nblk * OB - 1) * S + K, PH = (OH - 1) * S + K;
+    const vf z = {};
+    for (long r = 0; r < PH; ++r) {
+        long ih = r - P;
+        for (long q = 0; q < PW; ++q) {
+            long iw = q - P;
+            st(buf + (r * PW + q) * CB, ih >= 0 && ih < H && iw >= 0 && iw < W
+                                         ? ld(x + (ih * W + iw) * C + c) : z);
+        }
+    }
+    vf sum = z, b = bias ? ld(bias + c) : z;
+    for (long oh = 0; oh < OH; ++oh) {
+        for (long ow0 = 0; ow0 < OW; ow0 += OB) {
+            vf acc[OB];
+#pragma GCC unroll 8
+            for (int o = 0; o < OB; ++o) acc[o] = b;
+            for (int kh = 0; kh < K; ++kh) {
+                const float *br = buf + ((oh * S + kh) * PW + ow0 * S) * CB;
+                const float *wr = w + (long)kh * K * C + c;
+#pragma GCC unroll 5
+                for (int kw = 0; kw < K; ++kw) {
+                    vf wv = ld(wr + kw * C);
+#pragma GCC unroll 8
+                    for (int o = 0; o < OB; ++o) acc[o] += ld(br + (o * S + kw) * CB) * wv;
+                }
+            }
+            activate(acc, act, lo, hi);
+            int nb = OW - ow0 < OB ? (int)(OW - ow0) : OB;
+#pragma GCC unroll 8
+            for (int o = 0; o < OB; ++o) {
+                if (o >= nb) break;
+                st(y + (oh * OW + ow0 + o) * C + c, acc[o]);
+                sum += acc[o];
+            }
+        }
+    }
+    if (mean) st(mean + c, sum * scale);
+}
+
+#define IMG_CASE(KK, SS)                                                                \
+    if (K == KK && S == SS) {                                                           \
+        _Pragma("omp for schedule(static)")                                             \
+        for (long it = 0; it < N * nv; ++it) {                                          \
+            long n = it / nv, c = (it % nv) * CB;                                       \
+            dw_image(x + n * H * W * C, H, W, C, w, bias, KK, SS, P, OH, OW, c,         \
+                     y + n * OH * OW * C, act, lo, hi, mean ? mean + n * C : 0, a->scale, \
+                     buf);                                                              \
+        }                                                                               \
+    }
 
 #define DW_CASE(KK, SS)                                                                 \
     if (K == KK && S == SS) {                                                           \
@@ -197,6 +270,18 @@ int aot_dw_run(const struct aot_dw_args *a) {
     int act = (int)a->act;
     float lo = a->lo, hi = a->hi;
     long nq = (C + cw - 1) / cw, items = N * OH * nq;
+    if (W <= IMG_W) {  /* a small image: each 16 channels whole, from a padded copy */
+        long nv = C / CB, PW = ((OW + OB - 1) / OB * OB - 1) * S + K, PH = (OH - 1) * S + K;
+#pragma omp parallel
+        {
+            float buf[PH * PW * CB] __attribute__((aligned(64)));
+            IMG_CASE(3, 1)
+            else IMG_CASE(3, 2)
+            else IMG_CASE(5, 1)
+            else IMG_CASE(5, 2)
+        }
+        return 0;
+    }
 #pragma omp parallel
     {
         DW_CASE(3, 1)

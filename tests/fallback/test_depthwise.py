@@ -58,16 +58,22 @@ def test_matches_conv2d_with_silu_and_mean(n, c, h, w, k, s):
     _close(mean, want_mean)
 
 
+# images up to 16 wide are copied with their padding first, wider ones run row by row
+SIZES = pytest.mark.parametrize("h,w", [(11, 10), (6, 21)], ids=["small", "rows"])
+
+
+@SIZES
 @pytest.mark.parametrize("act", list(ACTS))
 @pytest.mark.parametrize("bias", [True, False])
-def test_each_activation_with_and_without_bias(act, bias):
-    y, mean, want, want_mean = _run(2, 64, 11, 10, 3, 1, act, bias=bias, seed=5)
+def test_each_activation_with_and_without_bias(act, bias, h, w):
+    y, mean, want, want_mean = _run(2, 64, h, w, 3, 1, act, bias=bias, seed=5)
     _close(y, want)
     _close(mean, want_mean)
 
 
-def test_without_a_mean_only_the_result_is_written():
-    y, mean, want, _ = _run(1, 32, 8, 8, 5, 1, "silu", pooled=False)
+@SIZES
+def test_without_a_mean_only_the_result_is_written(h, w):
+    y, mean, want, _ = _run(1, 32, h, w, 5, 1, "silu", pooled=False)
     _close(y, want)
 
 
@@ -90,10 +96,11 @@ def test_silu_at_the_extremes_is_as_torchs():
     torch.testing.assert_close(got, want, rtol=2e-6, atol=1e-30, equal_nan=True)
 
 
-def test_a_nan_spreads_to_the_results_whose_window_holds_it():
-    x = torch.randn(1, 16, 9, 9)
+@SIZES
+def test_a_nan_spreads_to_the_results_whose_window_holds_it(h, w):
+    x = torch.randn(1, 16, h, w)
     x[0, 3, 4, 4] = math.nan
-    y, mean, _, _ = _run(1, 16, 9, 9, 3, 1, "relu", x=x)
+    y, mean, _, _ = _run(1, 16, h, w, 3, 1, "relu", x=x)
     nan = y.isnan()
     assert nan[0, 3, 3:6, 3:6].all() and nan.sum() == 9
     assert mean[0, 3].isnan() and mean.isnan().sum() == 1
