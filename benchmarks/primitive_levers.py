@@ -18,7 +18,9 @@ Levers (module constants of ``aot/fallback/dnnl_program.py``):
 - ``winograd``: 3x3 convolutions as Winograd F(4x4, 3x3) where timed faster
   (``_WINOGRAD``; off: oneDNN's convolution);
 - ``depthwise``: depthwise convolutions (and the mean after them) by our own C kernel
-  where timed faster (``_DEPTHWISE``; off: oneDNN's convolution and pooling).
+  where timed faster (``_DEPTHWISE``; off: oneDNN's convolution and pooling);
+- ``attention``: attention as one C kernel of our own where timed faster
+  (``_ATTENTION``; off: oneDNN's three primitives).
 
 Each model (an ``aot bench`` model name) is compiled twice with the candidate pinned
 (``plan=``), once per setting; both programs are checked against eager, then called in
@@ -42,7 +44,8 @@ if sys.path and os.path.abspath(sys.path[0]) == os.path.dirname(os.path.abspath(
 LEVERS = {"se": ("_WEIGHT_SCALE_COST", 10 ** 9), "stem": ("_STEM_CHANNELS", 0),
           "linear-as-conv": ("_LINEAR_AS_CONV", ()), "mkl-linear": ("_MKL_LINEARS", False),
           "swap-products": ("_SWAP_PRODUCTS", False), "native-loop": ("_NATIVE_LOOP", False),
-          "winograd": ("_WINOGRAD", False), "depthwise": ("_DEPTHWISE", False)}
+          "winograd": ("_WINOGRAD", False), "depthwise": ("_DEPTHWISE", False),
+          "attention": ("_ATTENTION", False)}
 PLAN = {"format": 1, "program": None, "region": "aten-onednn-primitives", "candidates_ms": {}}
 
 

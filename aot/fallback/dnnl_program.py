@@ -62,7 +62,7 @@ import threading
 import torch
 
 from . import dnnl_api as D
-from . import depthwise, mkl_gemm, native_loop, winograd
+from . import attention, depthwise, mkl_gemm, native_loop, winograd
 
 __all__ = ["Program", "build"]
 
@@ -151,6 +151,11 @@ _WINOGRAD_TIMED: dict[tuple, bool] = {}  # (n, in, h, w, out, bias, ops) -> Wino
 # its 12 shapes 0.73 ms against 1.12
 _DEPTHWISE = True
 _DEPTHWISE_TIMED: dict[tuple, bool] = {}  # (n, c, h, w, k, stride, bias, act, pooled) -> ours
+# an attention may run as one kernel of our own (``attention``: each block of query
+# rows' scores stay in cache) instead of three primitives over the whole scores
+# buffer, where that is timed faster, once per shape and process
+_ATTENTION = True
+_ATTENTION_TIMED: dict[tuple, bool] = {}  # (b, h, l, s, d, dv, mask) -> ours faster
 
 
 class _Node:
@@ -261,6 +266,7 @@ class Program:
         self.n_winograd = 0  # 3x3 convolutions run as Winograd F(4x4, 3x3) (``_WINOGRAD``)
         self.n_depthwise = 0  # depthwise convolutions run by ``depthwise`` (``_DEPTHWISE``)
         self.n_pooled = 0  # means over an image taken from its depthwise convolution's rows
+        self.n_attention = 0  # attentions run by ``attention`` (``_ATTENTION``)
         self.kept_storage: set[int] = set()  # storages the program keeps from call to call
 
     def primitives(self) -> list:
@@ -324,6 +330,7 @@ class _Builder:
         self.scratch_bytes = 0
         self.winograd: list = []  # ``winograd.Conv``s, sharing one pair of work buffers
         self.depthwise: list = []  # ``depthwise.Conv``s, sharing one work buffer
+        self.attentions: list = []  # ``attention.Attention``s, sharing one work buffer
         self.next_item = None  # the plan item after the one being emitted
         self.pool_from: dict = {}  # a value -> (its depthwise Conv, its step): may pool
 
@@ -567,6 +574,11 @@ class _Builder:
             self._keep(rows)
             for conv in self.depthwise:
                 conv.bind(rows)
+        if self.attentions:  # and one for the attentions
+            work = torch.empty(max(att.work() for att in self.attentions))
+            self._keep(work)
+            for att in self.attentions:
+                att.bind(work)
         if _NATIVE_LOOP and native_loop.available():
             self.p.steps = _in_runs(self.lib, self.p.steps)
             self.p.n_runs = sum(isinstance(s, native_loop.Run) for s in self.p.steps)
@@ -1672,6 +1684,9 @@ class _Builder:
                 lib.d.dnnl_primitive_attr_destroy(attr)
         else:
             raise _Reference(f"attention over {tq}")
+        if self._attention(a, made, (q, k, v, mask), (q_md, kt_md, v_md, s_md, o_md), out,
+                           shape, strides):
+            return
         scores = _Copy(None)  # a value made here, dead once the call's product is made
         self.tensor_types[scores] = _Type(sshape, sstrides)
         s_slot, _ = self.buffer(scores, sstrides)
@@ -1695,6 +1710,73 @@ class _Builder:
         self.memory(o_md, o_slot, args, D.ARG_DST, handles)
         self._step(*made[2], args, handles, f"the weighted sum of {what}")
         self._free(scores)
+
+    def _attention(self, a, made, operands, mds, out, shape, strides) -> bool:
+        """The attention ``made`` would run (three primitives, with the operands and
+        descriptors given) as ``attention.Attention`` into ``out``, where that is timed
+        faster (once per shape and process: ``_ATTENTION_TIMED``). True where so emitted
+        (the primitives destroyed), else False (left as they are)."""
+        q, k, v, mask = operands
+        r = len(shape)
+        if not _ATTENTION or r not in (3, 4) or not attention.available():
+            return False
+        sizes = [tuple(self.tensor_type(x).sizes()) for x in (q, k, v)]
+        st = [self.strides_of(x) for x in (q, k, v)]
+        if any(t[-1] != 1 and z[-1] != 1 for t, z in zip(st, sizes)):
+            return False  # (the kernel reads rows dense)
+
+        def bhr(t):  # (batch, head, row) strides
+            return tuple(t[:3]) if r == 4 else (t[0], 0, t[1])
+
+        (*bh, l, d), s, dv = sizes[0], sizes[1][-2], sizes[2][-1]
+        b, h = bh if r == 4 else (bh[0], 1)
+        ms = None
+        if mask is not None:
+            mz = (1,) * r + tuple(self.tensor_type(mask).sizes())
+            mt = (0,) * r + tuple(self.strides_of(mask))
+            mt = [0 if z == 1 else t for z, t in zip(mz[-r:], mt[-r:])]
+            ms = tuple(mt) if r == 4 else (mt[0], 0, mt[1], mt[2])
+        key = (b, h, l, s, d, dv, mask is not None)
+        lib = self.lib
+        if key not in _ATTENTION_TIMED:
+            q_md, kt_md, v_md, s_md, o_md = mds
+            first = [(D.ARG_SRC, q_md), (D.ARG_WEIGHTS, kt_md), (D.ARG_DST, s_md)]
+            if mask is not None:
+                first.append((D.post_op_src1(1), self.md_of_value(mask, r)))
+            theirs = _sequence([_timed_primitive(lib, pd, m, []) for (pd, _), m in zip(made, (
+                first, [(D.ARG_SRC, s_md), (D.ARG_DST, s_md)],
+                [(D.ARG_SRC, s_md), (D.ARG_WEIGHTS, v_md), (D.ARG_DST, o_md)]))])
+            ours = _timed_attention((b, h, l, s, d, dv), a["scale"],
+                                    [bhr(t) for t in st] + [bhr(_dense(shape, range(r)))],
+                                    [q_md, kt_md, v_md, o_md], ms)
+            _ATTENTION_TIMED[key] = _fastest([theirs, ours]) == 1
+        if not _ATTENTION_TIMED[key]:
+            return False
+        for pd, attr in made:
+            lib.d.dnnl_primitive_desc_destroy(pd)
+            lib.d.dnnl_primitive_attr_destroy(attr)
+        att = attention.Attention(b, h, l, s, d, dv, a["scale"])
+        att.strides(*[bhr(t) for t in st], bhr(strides), ms)
+        self.attentions.append(att)
+        o_slot, _ = self.buffer(out, strides)
+        slots = [self._slot(x) for x in (q, k, v)] + [o_slot] + (
+            [self._slot(mask)] if mask is not None else [])
+        what = f"attention over {sizes[0]}"
+        if self.dynamic.isdisjoint(slots):  # fixed addresses: it may join the C loop
+            att.point(*[self.p.env[x].data_ptr() for x in slots])
+            run = att.run
+
+            def step(env):
+                run()
+            step.fixed = True
+            step.prim = native_loop.Kernel(att.kernel, att.args, what, att)
+        else:
+            def step(env):
+                att(*[env[x].data_ptr() for x in slots])
+        step.attention = att
+        self.p.steps.append(step)
+        self.p.n_attention += 1
+        return True
 
     def _scratch(self, pd, args: list) -> None:
         """The primitive's scratch memory: the program's one buffer, bound once every
@@ -1951,6 +2033,28 @@ def _timed_depthwise(n, h, w, weight, bias, stride, act, pooled):
     run = _cycle([functools.partial(conv, x.data_ptr(), y.data_ptr()) for conv in convs])
     run.keep = [convs, x, y, rows, mean]
     return run
+
+
+def _timed_attention(shape, scale, strides, mds, mask_strides):
+    """A run of ``attention.Attention`` on random data of its own, its operands laid out
+    as the program's (``mds``: q, k^T, v, o)."""
+    att = attention.Attention(*shape, scale)
+    att.strides(*strides, mask_strides)
+    b, h, l, s = shape[:4]
+    keep = [torch.rand(md.nbytes // 4 + 16) - 0.5 for md in mds]
+    if mask_strides is not None:
+        span = 1 + sum((z - 1) * t for z, t in zip((b, h, l, s), mask_strides))
+        keep.append(torch.rand(span) - 0.5)
+    work = torch.empty(att.work())
+    att.bind(work)
+    att.point(*[t.data_ptr() for t in keep])
+    run = att.run
+    run_keep = [att, keep, work]
+
+    def timed():
+        run()
+    timed.keep = run_keep
+    return timed
 
 
 def _sequence(runs: list):
