@@ -849,3 +849,46 @@ def test_a_failing_kernel_in_the_loop_is_named(monkeypatch):
     with pytest.raises(dnnl_api.DnnlError,
                        match=re.escape(f"running {run.prims[i].what} (status 7)")):
         run(None)
+
+
+needs_att = pytest.mark.skipif(not dnnl_program.attention.available(),
+                               reason="no C compiler here")
+
+
+def _attention_program(monkeypatch, timed, seed):
+    monkeypatch.setattr(dnnl_program, "_ATTENTION_TIMED", timed)
+    torch.manual_seed(seed)
+    m = Attention().eval()
+    make = lambda: (torch.randn(2, 9, 32), torch.randn(2, 1, 9, 9))  # noqa: E731
+    cm = _module(m, make())
+    # (tests/fallback/test_attention.py: within 4e-6 of the largest value)
+    _check(cm, m, make, tol=dict(rtol=1e-4, atol=2e-5))
+    return _group(cm).program
+
+
+@needs_att
+@pytest.mark.parametrize("forced", [True, False], ids=["ours", "onednn"])
+def test_attention_runs_as_one_kernel_where_chosen(monkeypatch, forced):
+    prog = _attention_program(monkeypatch, _Decided(forced), 51)
+    # the four scaled_dot_product_attention calls (no mask, causal, a boolean constant,
+    # the input's mask: its buffer changes per call); the product and softmax written
+    # out stay primitives
+    assert prog.n_attention == (4 if forced else 0)
+    scores = [p.what for p in prog.primitives() if p.what.startswith("the scores")]
+    assert len(scores) == (0 if forced else 4)
+
+
+@needs_att
+def test_attention_is_timed_for_real_and_remembered(monkeypatch):
+    timed = {}
+    prog = _attention_program(monkeypatch, timed, 52)
+    # (batch, heads, queries, keys, dims, value dims, mask): the last three masked
+    assert sorted(timed) == [(2, 4, 9, 9, 8, 8, False), (2, 4, 9, 9, 8, 8, True)]
+    assert prog.n_attention == 3 * timed[(2, 4, 9, 9, 8, 8, True)] + timed[
+        (2, 4, 9, 9, 8, 8, False)]
+
+
+def test_without_the_kernel_attention_stays_three_primitives(monkeypatch):
+    monkeypatch.setattr(dnnl_program.attention, "available", lambda: False)
+    prog = _attention_program(monkeypatch, _Decided(True), 53)
+    assert prog.n_attention == 0
