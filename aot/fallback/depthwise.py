@@ -4,9 +4,9 @@ A depthwise convolution (one group per channel, ``[C, 1, K, K]`` weights, K 3 or
 stride 1 or 2, padding K // 2, NHWC float32 images, C a multiple of 16) computes its
 channels 16 at a time and its pixels four at a time, adds the bias and applies the
 activation (SiLU, a clip such as ReLU or ReLU6, hardswish) while they are in registers.
-Images up to 16 wide are taken whole per 16 channels from a copy with their zero
-padding (no edge cases in the loop: 7x7 and 14x14 images are mostly edges); wider
-ones row by row. Where a mean over the image follows (the squeeze-excitation of
+Images up to 16 wide (whose padded copy fits in 64 KB) are taken whole per 16
+channels from a copy with their zero padding (no edge cases in the loop: 7x7 and
+14x14 images are mostly edges); others row by row. Where a mean over the image follows (the squeeze-excitation of
 MobileNetV3 and EfficientNet blocks), the sums are kept as the results are written
 and the means come from them, instead of a pooling reading the whole result back.
 
@@ -49,9 +49,8 @@ _SOURCE = r"""
 #include <string.h>
 #define CB 16
 #define OB 4
-#ifndef IMG_W
-#define IMG_W 16
-#endif
+#define IMG_W 16          /* images up to this wide are taken whole (dw_image) */
+#define IMG_FLOATS 16384  /* where their padded copy fits in this (64 KB of stack) */
 
 typedef float vf __attribute__((vector_size(64)));
 typedef float vfu __attribute__((vector_size(64), aligned(4)));
@@ -270,8 +269,10 @@ int aot_dw_run(const struct aot_dw_args *a) {
     int act = (int)a->act;
     float lo = a->lo, hi = a->hi;
     long nq = (C + cw - 1) / cw, items = N * OH * nq;
-    if (W <= IMG_W) {  /* a small image: each 16 channels whole, from a padded copy */
-        long nv = C / CB, PW = ((OW + OB - 1) / OB * OB - 1) * S + K, PH = (OH - 1) * S + K;
+    long PW = ((OW + OB - 1) / OB * OB - 1) * S + K, PH = (OH - 1) * S + K;
+    if (W <= IMG_W && PH * PW * CB <= IMG_FLOATS) {
+        /* a small image: each 16 channels whole, from a padded copy on the stack */
+        long nv = C / CB;
 #pragma omp parallel
         {
             float buf[PH * PW * CB] __attribute__((aligned(64)));
