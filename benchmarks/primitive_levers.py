@@ -20,7 +20,9 @@ Levers (module constants of ``aot/fallback/dnnl_program.py``):
 - ``depthwise``: depthwise convolutions (and the mean after them) by our own C kernel
   where timed faster (``_DEPTHWISE``; off: oneDNN's convolution and pooling);
 - ``attention``: attention as one C kernel of our own where timed faster
-  (``_ATTENTION``; off: oneDNN's three primitives).
+  (``_ATTENTION``; off: oneDNN's three primitives);
+- ``rms-norm``: ``x * rsqrt(mean(x^2) + eps) * w`` as one C kernel of our own
+  (``_RMS_NORM``; off: three primitives).
 
 Each model (an ``aot bench`` model name) is compiled twice with the candidate pinned
 (``plan=``), once per setting; both programs are checked against eager, then called in
@@ -45,7 +47,7 @@ LEVERS = {"se": ("_WEIGHT_SCALE_COST", 10 ** 9), "stem": ("_STEM_CHANNELS", 0),
           "linear-as-conv": ("_LINEAR_AS_CONV", ()), "mkl-linear": ("_MKL_LINEARS", False),
           "swap-products": ("_SWAP_PRODUCTS", False), "native-loop": ("_NATIVE_LOOP", False),
           "winograd": ("_WINOGRAD", False), "depthwise": ("_DEPTHWISE", False),
-          "attention": ("_ATTENTION", False)}
+          "attention": ("_ATTENTION", False), "rms-norm": ("_RMS_NORM", False)}
 PLAN = {"format": 1, "program": None, "region": "aten-onednn-primitives", "candidates_ms": {}}
 
 

@@ -614,6 +614,7 @@ def test_an_rms_norms_two_products_run_as_one_primitive(monkeypatch, swap):
     # oneDNN 3.2 has only reference code for the row's factor with the feature's fused
     # after it, a kernel for the other order
     monkeypatch.setattr(dnnl_program, "_SWAP_PRODUCTS", swap)
+    monkeypatch.setattr(dnnl_program, "_RMS_NORM", False)  # (else one kernel of ours)
     # batch 1: with more, oneDNN has only reference code for either order
     cm = _checked(RmsNorm, (1, 5, 32), 25)
     whats = [p.what for p in _group(cm).program.primitives()]
@@ -894,3 +895,33 @@ def test_without_the_kernel_attention_stays_three_primitives(monkeypatch):
     monkeypatch.setattr(dnnl_program.attention, "available", lambda: False)
     prog = _attention_program(monkeypatch, _Decided(True), 53)
     assert prog.n_attention == 0
+
+
+class RmsNorms(torch.nn.Module):
+    """T5's norm (the weight times the normalized rows) after a linear, Llama's (the
+    rows times the weight) on the input itself, a norm without weight whose rsqrt is
+    read twice (not one kernel: the chain must be the only user)."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(40, 40)
+        self.w1, self.w2 = torch.nn.Parameter(torch.randn(40)), torch.nn.Parameter(
+            torch.randn(40))
+
+    def forward(self, x):
+        y = self.lin(x)
+        y = self.w1 * (y * torch.rsqrt(y.pow(2).mean(-1, keepdim=True) + 1e-6))
+        z = (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-5)) * self.w2
+        r = torch.rsqrt(y.pow(2).mean(-1, keepdim=True) + 1e-6)
+        return self.lin(z) + y, y * r + r
+
+
+@pytest.mark.skipif(not dnnl_program.rms_norm.available(), reason="no C compiler here")
+@pytest.mark.parametrize("on", [True, False])
+def test_rms_norms_run_as_one_kernel(monkeypatch, on):
+    monkeypatch.setattr(dnnl_program, "_RMS_NORM", on)
+    cm = _checked(RmsNorms, (2, 6, 40), 61, dict(rtol=1e-4, atol=1e-5))
+    prog = _group(cm).program
+    # the first two (one on the group's input: read where it arrives each call)
+    assert prog.n_rms_norm == (2 if on else 0)
+    assert not {"aten::pow", "aten::rsqrt", "aten::mean"} & set(prog.aten_ops)
