@@ -105,3 +105,14 @@ def test_the_portable_code_without_avx512_agrees(monkeypatch):
 def test_an_empty_attention_is_refused():
     with pytest.raises(ValueError, match="has nothing to do"):
         attention.Attention(1, 2, 0, 4, 8, 8, 1.0)
+
+
+def test_scores_far_below_the_rows_largest_weigh_exactly_nothing():
+    # exp(-87) and less is 0, never a denormal: a causal mask's -inf, and finite scores
+    # 90 below the row's largest
+    torch.manual_seed(7)
+    q, k, v = torch.zeros(1, 1, 2, 16), torch.zeros(1, 1, 3, 16), torch.randn(1, 1, 3, 16)
+    mask = torch.tensor([[0.0, -90.0, -math.inf], [-86.0, 0.0, -200.0]])
+    o, want = _run(q, k, v, mask)
+    _close(o, want)
+    torch.testing.assert_close(o[0, 0, 0], v[0, 0, 0], rtol=0, atol=0)
