@@ -25,30 +25,15 @@ from __future__ import annotations
 import ctypes as C
 import functools
 
-from . import c_compiler
+from . import c_compiler, c_vectors
 
 __all__ = ["available", "Attention"]
 
 _CHUNK = 32  # query rows of one work item
 _QB, _VL = 8, 16  # (as in the source) query rows at a time; floats in a vector
 
-_SOURCE = r"""
-#include <omp.h>
-#include <string.h>
-#ifdef __AVX512F__
-#include <immintrin.h>
-#endif
-
-#define VL 16 /* floats in a vector */
+_SOURCE = c_vectors.PRELUDE + r"""
 #define QB 8  /* query rows computed together */
-
-typedef float vf __attribute__((vector_size(64)));
-typedef float vfu __attribute__((vector_size(64), aligned(4)));
-typedef int vi __attribute__((vector_size(64)));
-static inline vf ld(const float *p) { return *(const vfu *)p; }
-static inline void st(float *p, vf v) { *(vfu *)p = v; }
-static inline vf bc(float s) { return (vf){s, s, s, s, s, s, s, s, s, s, s, s, s, s, s, s}; }
-static inline vf sel(vi m, vf a, vf b) { return (vf)(((vi)a & m) | ((vi)b & ~m)); }
 
 /* exp(x) for x <= 0; 0 below -86.6 (2^-125: no denormal is ever made, whose
    arithmetic costs microcode assists: a causal mask's -inf scores would otherwise make
@@ -232,7 +217,6 @@ int aot_attention_run(const struct aot_attn_args *a) {
 int aot_attention_threads(void) { return omp_get_max_threads(); }
 """
 
-_FLAGS = ("-O3", "-march=native", "-mprefer-vector-width=512", "-Wno-psabi", "-fopenmp")
 
 
 class _Args(C.Structure):
@@ -243,18 +227,12 @@ class _Args(C.Structure):
 
 
 def _lib():
-    return _build(_FLAGS)
+    return _build(c_vectors.FLAGS)
 
 
 @functools.cache
 def _build(flags: tuple):
-    lib = c_compiler.load(_SOURCE, list(flags), "the attention kernel")
-    if lib is None:
-        return None
-    lib.aot_attention_run.argtypes = [C.c_void_p]
-    lib.aot_attention_run.restype = C.c_int
-    lib.aot_attention_threads.restype = C.c_int
-    return lib
+    return c_compiler.load_kernel(_SOURCE, flags, "the attention kernel", "aot_attention_run")
 
 
 def available() -> bool:

@@ -19,7 +19,7 @@ import shutil
 import subprocess
 import tempfile
 
-__all__ = ["load"]
+__all__ = ["load", "load_kernel"]
 
 log = logging.getLogger(__name__)
 
@@ -48,3 +48,14 @@ def load(source: str, flags: list[str], what: str) -> C.CDLL | None:
             log.info("%s did not compile with %s (%s%s): not used", what, " ".join(cc), e,
                      ": " + err.decode(errors="replace")[:300] if err else "")
             return None
+
+
+def load_kernel(source: str, flags, what: str, name: str) -> C.CDLL | None:
+    """``load``, with the C function ``name`` typed as this package's kernels are: one
+    argument (the address of its arguments' struct), an ``int`` back (0: done)."""
+    lib = load(source, list(flags), what)
+    if lib is None:
+        return None
+    fn = getattr(lib, name)
+    fn.argtypes, fn.restype = [C.c_void_p], C.c_int
+    return lib

@@ -32,7 +32,7 @@ import functools
 
 import torch
 
-from . import c_compiler
+from . import c_compiler, c_vectors
 
 __all__ = ["available", "fits", "Conv", "ACTS"]
 
@@ -40,24 +40,11 @@ ACTS = {None: 0, "silu": 1, "clip": 2, "hardswish": 3}  # what may follow the bi
 
 _CHANNELS = 64  # channels of one work item (rows x channel blocks are shared out)
 
-_SOURCE = r"""
-
-#include <math.h>
-#ifdef __AVX512F__
-#include <immintrin.h>
-#endif
-#include <string.h>
+_SOURCE = c_vectors.PRELUDE + r"""
 #define CB 16
 #define OB 4
 #define IMG_W 16          /* images up to this wide are taken whole (dw_image) */
 #define IMG_FLOATS 16384  /* where their padded copy fits in this (64 KB of stack) */
-
-typedef float vf __attribute__((vector_size(64)));
-typedef float vfu __attribute__((vector_size(64), aligned(4)));
-typedef int vi __attribute__((vector_size(64)));
-static inline vf ld(const float *p) { return *(const vfu *)p; }
-static inline void st(float *p, vf v) { *(vfu *)p = v; }
-static inline vf sel(vi m, vf a, vf b) { return (vf)(((vi)a & m) | ((vi)b & ~m)); }
 
 /* exp(x) for the SiLU: Cephes' polynomial on x - n ln2, times 2^n; 0 below -87.3, inf
    above 88.7 (as expf); a NaN in gives some number out (the SiLU keeps the NaN) */
@@ -310,22 +297,15 @@ class _Args(C.Structure):
                                       "act")] + [(name, C.c_float) for name in ("scale", "lo", "hi")]
 
 
-# for this CPU, with AVX-512's 16 lanes where it has them (GCC prefers 8 by default)
-_FLAGS = ("-O3", "-march=native", "-mprefer-vector-width=512", "-Wno-psabi", "-fopenmp")
 
 
 def _lib():
-    return _build(_FLAGS)
+    return _build(c_vectors.FLAGS)
 
 
 @functools.cache
 def _build(flags: tuple):
-    lib = c_compiler.load(_SOURCE, list(flags), "the depthwise convolution kernel")
-    if lib is None:
-        return None
-    lib.aot_dw_run.argtypes = [C.c_void_p]
-    lib.aot_dw_run.restype = C.c_int
-    return lib
+    return c_compiler.load_kernel(_SOURCE, flags, "the depthwise convolution kernel", "aot_dw_run")
 
 
 def available() -> bool:

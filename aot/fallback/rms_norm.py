@@ -24,18 +24,11 @@ import functools
 
 import torch
 
-from . import c_compiler
+from . import c_compiler, c_vectors
 
 __all__ = ["available", "Norm"]
 
-_SOURCE = r"""
-#include <math.h>
-
-typedef float vf __attribute__((vector_size(64)));
-typedef float vfu __attribute__((vector_size(64), aligned(4)));
-#define VL 16
-static inline vf ld(const float *p) { return *(const vfu *)p; }
-static inline void st(float *p, vf v) { *(vfu *)p = v; }
+_SOURCE = c_vectors.PRELUDE + r"""
 
 struct aot_rms_args {
     const float *x, *w;
@@ -63,7 +56,7 @@ int aot_rms_norm_run(const struct aot_rms_args *a) {
         for (int k = 0; k < VL; ++k) s += acc[k];
         for (; j < n; ++j) s += xr[j] * xr[j];
         const float r = 1.f / sqrtf(s / (float)n + a->eps);
-        const vf rv = (vf){r, r, r, r, r, r, r, r, r, r, r, r, r, r, r, r};
+        const vf rv = bc(r);
         j = 0;
         if (w) {
             for (; j + VL <= n; j += VL) st(yr + j, (ld(xr + j) * rv) * ld(w + j));
@@ -77,8 +70,7 @@ int aot_rms_norm_run(const struct aot_rms_args *a) {
 }
 """
 
-_FLAGS = ("-O3", "-march=native", "-mprefer-vector-width=512", "-fno-math-errno",
-          "-Wno-psabi", "-fopenmp")
+_FLAGS = c_vectors.FLAGS + ("-fno-math-errno",)
 
 
 class _Args(C.Structure):
@@ -92,12 +84,7 @@ def _lib():
 
 @functools.cache
 def _build(flags: tuple):
-    lib = c_compiler.load(_SOURCE, list(flags), "the RMS norm kernel")
-    if lib is None:
-        return None
-    lib.aot_rms_norm_run.argtypes = [C.c_void_p]
-    lib.aot_rms_norm_run.restype = C.c_int
-    return lib
+    return c_compiler.load_kernel(_SOURCE, flags, "the RMS norm kernel", "aot_rms_norm_run")
 
 
 def available() -> bool:
