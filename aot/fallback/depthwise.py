@@ -46,8 +46,6 @@ _SOURCE = c_vectors.PRELUDE + r"""
 #define IMG_W 16          /* images up to this wide are taken whole (dw_image) */
 #define IMG_FLOATS 16384  /* where their padded copy fits in this (64 KB of stack) */
 
-/* exp(x) for the SiLU: Cephes' polynomial on x - n ln2, times 2^n; 0 below -87.3, inf
-   above 88.7 (as expf); a NaN in gives some number out (the SiLU keeps the NaN) */
 /* silu(v) = v / (1 + exp(-v)) */
 #ifdef __AVX512F__
 static inline vf vsilu(vf v) {
@@ -71,6 +69,8 @@ static inline vf vsilu(vf v) {
     return (vf)_mm512_mul_ps((__m512)v, q);
 }
 #else
+/* exp(x) for the SiLU: Cephes' polynomial on x - n ln2, times 2^n; 0 below -87.3, inf
+   above 88.7 (as expf); a NaN in gives some number out (the SiLU keeps the NaN) */
 static inline vf vexp(vf x) {
     const vf z = {}, lo = z - 87.3f, hi = z + 88.7f, magic = z + 12582912.f;
     vf xc = sel(x < lo, lo, sel(x > hi, hi, x));
@@ -92,8 +92,7 @@ static inline vf vsilu(vf v) { return v / (1.f + vexp(-v)); }
 
 /* v clipped to [lo, hi]; a NaN stays */
 static inline vf vclip(vf v, float lo, float hi) {
-    const vf z = {};
-    return sel(v < z + lo, z + lo, sel(v > z + hi, z + hi, v));
+    return sel(v < bc(lo), bc(lo), sel(v > bc(hi), bc(hi), v));
 }
 
 /* the activation of OB results */
