@@ -168,7 +168,8 @@ static inline __attribute__((always_inline)) void dw_row(
 
 /* channels [c, c + 16) of one small image: copied with its zero padding into buf
    (PH x PW x 16 floats, PH = (OH - 1) S + K, PW = (whole blocks of OB outputs - 1) S + K),
-   then every output block reads inside it; mean: the sums over the image, scaled */
+   then every output block reads inside it; mean: the sums over the image, scaled (the
+   caller's rows buffer: the means go where asked once every image is read) */
 static inline __attribute__((always_inline)) void dw_image(
         const float *x, long H, long W, long C, const float *w, const float *bias,
         const int K, const int S, long P, long OH, long OW, long c, float *y, int act,
@@ -218,7 +219,7 @@ static inline __attribute__((always_inline)) void dw_image(
         for (long it = 0; it < N * nv; ++it) {                                          \
             long n = it / nv, c = (it % nv) * CB;                                       \
             dw_image(x + n * H * W * C, H, W, C, w, bias, KK, SS, P, OH, OW, c,         \
-                     y + n * OH * OW * C, act, lo, hi, mean ? mean + n * C : 0, a->scale, \
+                     y + n * OH * OW * C, act, lo, hi, rows ? rows + n * C : 0, a->scale, \
                      buf);                                                              \
         }                                                                               \
     }
@@ -266,6 +267,10 @@ int aot_dw_run(const struct aot_dw_args *a) {
             else IMG_CASE(3, 2)
             else IMG_CASE(5, 1)
             else IMG_CASE(5, 2)
+            if (mean) { /* once every image is read: mean may be where x was */
+#pragma omp for schedule(static)
+                for (long i = 0; i < N * C; ++i) mean[i] = rows[i];
+            }
         }
         return 0;
     }
@@ -328,7 +333,7 @@ class Conv:
     also write the means over the image (``[n, C]`` floats) there; then the rows' sums
     need a work buffer of ``work()`` floats (``bind``: one may serve many, the caller runs
     one at a time). ``kernel`` and ``args`` (addresses) are the C call ``__call__`` makes,
-    for a caller's own loop, once ``x`` and ``y`` are set there."""
+    for a caller's own loop, once ``x`` and ``y`` are set there (``point``)."""
 
     def __init__(self, n: int, h: int, w: int, weight: torch.Tensor, bias, stride: int,
                  act: str | None = None, lo: float = 0.0, hi: float = 0.0):
@@ -366,10 +371,14 @@ class Conv:
         n, c, oh, ow = self.shape
         self.a.mean, self.a.scale = address, 1.0 / (oh * ow)
 
+    def point(self, x_ptr: int, y_ptr: int) -> None:
+        """The image's and the result's addresses."""
+        self.a.x, self.a.y = x_ptr, y_ptr
+
     def run(self) -> None:
         """The call, on the ``x`` and ``y`` addresses set last."""
         self._lib.aot_dw_run(self.args)
 
     def __call__(self, x_ptr: int, y_ptr: int) -> None:
-        self.a.x, self.a.y = x_ptr, y_ptr
-        self._lib.aot_dw_run(self.args)
+        self.point(x_ptr, y_ptr)
+        self.run()
