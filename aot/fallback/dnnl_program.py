@@ -1660,25 +1660,33 @@ class _Builder:
         lib.d.dnnl_primitive_attr_destroy(attr)
         conv = depthwise.Conv(n, h, w, wt, bt, a["stride"][0], *act)
         self.depthwise.append(conv)
-        xs = self._slot(x)
-        what = f"a depthwise convolution {(n, c, h, w)} -> {tuple(shape)}"
-        if xs in self.dynamic or slot in self.dynamic:
-            def step(env):
-                conv(env[xs].data_ptr(), env[slot].data_ptr())
-        else:  # fixed addresses: it may join a ``native_loop.Run``
-            conv.a.x, conv.a.y = self.p.env[xs].data_ptr(), self.p.env[slot].data_ptr()
-            run, args = conv.run, conv.args
-
-            def step(env):
-                run()
-            step.fixed = True
-            step.prim = native_loop.Kernel(conv.kernel, args, what, conv)
+        step = self._kernel_step(conv, [self._slot(x), slot],
+                                 f"a depthwise convolution {(n, c, h, w)} -> {tuple(shape)}")
         step.conv = conv
         self.p.steps.append(step)
         self.p.n_depthwise += 1
         if pooled:
             self.pool_from[out] = (conv, step)
         return True
+
+    def _kernel_step(self, k, slots: list, what: str):
+        """A step running ``k``, a kernel of ours (``point(*addresses)``, ``run()``,
+        ``kernel``, ``args``), on the buffers of ``slots``: where every one is the
+        program's own, their addresses are set once and the step may join a
+        ``native_loop.Run``; else they are read each call."""
+        point, run = k.point, k.run
+        if self.dynamic.isdisjoint(slots):
+            point(*[self.p.env[s].data_ptr() for s in slots])
+
+            def step(env):
+                run()
+            step.fixed = True
+            step.prim = native_loop.Kernel(k.kernel, k.args, what, k)
+        else:
+            def step(env):
+                point(*[env[s].data_ptr() for s in slots])
+                run()
+        return step
 
     def _pooled(self, x, out, strides) -> bool:
         """The mean over ``x``'s image into ``out`` written by the depthwise convolution
@@ -1785,18 +1793,7 @@ class _Builder:
         norm = rms_norm.Norm(math.prod(shape[:-1]), shape[-1], a["eps"], a["w"])
         xs = self._slot(x)
         slot, _ = self.buffer(out, strides)
-        what = f"an RMS norm over {shape}"
-        if xs in self.dynamic or slot in self.dynamic:
-            def step(env):
-                norm(env[xs].data_ptr(), env[slot].data_ptr())
-        else:  # fixed addresses: it may join a ``native_loop.Run``
-            norm.point(self.p.env[xs].data_ptr(), self.p.env[slot].data_ptr())
-            run = norm.run
-
-            def step(env):
-                run()
-            step.fixed = True
-            step.prim = native_loop.Kernel(norm.kernel, norm.args, what, norm)
+        step = self._kernel_step(norm, [xs, slot], f"an RMS norm over {shape}")
         step.norm = norm
         self.p.steps.append(step)
         self.p.n_rms_norm += 1
@@ -1851,18 +1848,7 @@ class _Builder:
         o_slot, _ = self.buffer(out, strides)
         slots = [self._slot(x) for x in (q, k, v)] + [o_slot] + (
             [self._slot(mask)] if mask is not None else [])
-        what = f"attention over {sizes[0]}"
-        if self.dynamic.isdisjoint(slots):  # fixed addresses: it may join the C loop
-            att.point(*[self.p.env[x].data_ptr() for x in slots])
-            run = att.run
-
-            def step(env):
-                run()
-            step.fixed = True
-            step.prim = native_loop.Kernel(att.kernel, att.args, what, att)
-        else:
-            def step(env):
-                att(*[env[x].data_ptr() for x in slots])
+        step = self._kernel_step(att, slots, f"attention over {sizes[0]}")
         step.attention = att
         self.p.steps.append(step)
         self.p.n_attention += 1
